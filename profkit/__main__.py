@@ -1,0 +1,5 @@
+import sys
+
+from profkit.cli.main import main
+
+sys.exit(main())

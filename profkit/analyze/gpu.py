@@ -1,0 +1,121 @@
+"""GPU-side facts of one rank: busy intervals, communication kernels, the GPU timeline.
+
+Definitions follow TraceLens's GPU timeline so numbers can be checked against it:
+busy = union of kernel, memcpy and memset intervals over all streams; computation =
+union of non-communication kernels and memsets; exposed communication = communication
+not overlapped by computation; exposed memcpy = memcpy not overlapped by computation or
+communication; idle = window - busy. The window is first GPU event start to last GPU
+event end unless the caller gives one (e.g. a ProfilerStep's GPU annotation).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.analyze import intervals as iv
+
+# NCCL/RCCL, DeepEP, vLLM custom all-reduce and symmetric-memory kernels are communication
+COMM_KERNEL_RE = re.compile(
+    r"nccl|rccl|dpsk::ep|deep_ep|deepep|cross_device_reduce|multimem_all_reduce|one_shot_all_reduce"
+    r"|two_shot_all_reduce|all_reduce_kernel|allreduce|alltoall|all_to_all|allgather|reducescatter",
+    re.IGNORECASE,
+)
+
+
+def is_comm_kernel(names: pd.Series) -> np.ndarray:
+    """True for kernels that move data between GPUs (matched on the kernel name)."""
+    if len(names) == 0:
+        return np.zeros(0, dtype=bool)
+    return names.astype("string").str.contains(COMM_KERNEL_RE, na=False).to_numpy(dtype=bool)
+
+
+def gpu_events(events: pd.DataFrame) -> pd.DataFrame:
+    """Device activity rows (kernel, memcpy, memset) of an event table."""
+    return events[events["kind"].isin(schema.GPU_KINDS)]
+
+
+def busy_intervals(events: pd.DataFrame) -> iv.Intervals:
+    g = gpu_events(events)
+    return iv.union(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+
+
+def kernel_intervals(events: pd.DataFrame) -> iv.Intervals:
+    k = events[events["kind"] == schema.KERNEL]
+    return iv.union(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64))
+
+
+TIMELINE_FIELDS = (
+    "window_start_ns",
+    "window_end_ns",
+    "window_ns",
+    "gpu_busy_ns",
+    "gpu_idle_ns",
+    "computation_ns",
+    "comm_ns",
+    "exposed_comm_ns",
+    "memcpy_ns",
+    "exposed_memcpy_ns",
+    "gpu_kernel_ns",
+    "n_kernels",
+    "n_gpu_events",
+)
+
+
+def gpu_timeline(events: pd.DataFrame, window: tuple[int, int] | None = None) -> dict[str, int]:
+    """GPU timeline of one rank's events; all values int64 ns (counts for ``n_*``)."""
+    g = gpu_events(events)
+    starts = g["start_ns"].to_numpy(np.int64)
+    ends = g["end_ns"].to_numpy(np.int64)
+    kinds = g["kind"].to_numpy(dtype=object)
+    is_kernel = kinds == schema.KERNEL
+    is_memcpy = kinds == schema.MEMCPY
+    is_comm = is_kernel & is_comm_kernel(g["name"])
+    is_comp = (is_kernel & ~is_comm) | (kinds == schema.MEMSET)
+
+    if window is None:
+        if starts.size == 0:
+            return {k: 0 for k in TIMELINE_FIELDS}
+        lo, hi = int(starts.min()), int(ends.max())
+    else:
+        lo, hi = int(window[0]), int(window[1])
+
+    def clipped(mask: np.ndarray) -> iv.Intervals:
+        return iv.clip(iv.union(starts[mask], ends[mask]), lo, hi)
+
+    busy = clipped(np.ones(starts.size, dtype=bool))
+    comp = clipped(is_comp)
+    comm = clipped(is_comm)
+    memcpy = clipped(is_memcpy)
+    kernels = clipped(is_kernel)
+    exposed_comm = iv.subtract(comm, comp)
+    exposed_memcpy = iv.subtract(iv.subtract(memcpy, comp), comm)
+    busy_ns = iv.total(busy)
+    in_window = (ends > lo) & (starts < hi)
+    return {
+        "window_start_ns": lo,
+        "window_end_ns": hi,
+        "window_ns": hi - lo,
+        "gpu_busy_ns": busy_ns,
+        "gpu_idle_ns": (hi - lo) - busy_ns,
+        "computation_ns": iv.total(comp),
+        "comm_ns": iv.total(comm),
+        "exposed_comm_ns": iv.total(exposed_comm),
+        "memcpy_ns": iv.total(memcpy),
+        "exposed_memcpy_ns": iv.total(exposed_memcpy),
+        "gpu_kernel_ns": iv.total(kernels),
+        "n_kernels": int((is_kernel & in_window).sum()),
+        "n_gpu_events": int(in_window.sum()),
+    }
+
+
+def gpu_timelines(events: pd.DataFrame) -> pd.DataFrame:
+    """One GPU-timeline row per rank (whole-trace window per rank)."""
+    rows = []
+    for rank, rank_events in events.groupby("rank", sort=True, observed=True):
+        row = {"rank": int(rank)}
+        row.update(gpu_timeline(rank_events))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["rank", *TIMELINE_FIELDS])

@@ -1,0 +1,167 @@
+"""Serving steps: find them, then measure each step's wall time against its GPU-busy time.
+
+A step is one host-side span per engine iteration. Markers, most specific first:
+a user regex; profkit's / vLLM's step-loop span (``EngineCore.step``); vLLM's worker
+annotation ``execute_context_{n}({tok})_generation_{n}({tok})``; SGLang
+``step[DECODE bs=32]``; ``ProfilerStep#N``. The first marker found on any rank is used
+for every rank, so steps are comparable across ranks.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.analyze import gpu
+from profkit.analyze import intervals as iv
+
+
+@dataclass(frozen=True)
+class StepMarker:
+    key: str
+    pattern: re.Pattern[str]
+
+
+BUILTIN_MARKERS = (
+    StepMarker("engine_step", re.compile(r"^(?:EngineCore\.step|EngineCore\.step_with_batch_queue|profkit\.step)$")),
+    StepMarker("vllm", re.compile(r"^execute_(?:\d+_)?context_\d+\(.*\)_generation_\d+\(.*\)$")),
+    StepMarker("sglang", re.compile(r"^step\[.*\]$")),
+    StepMarker("profiler_step", re.compile(r"^ProfilerStep#\d+$")),
+)
+
+STEP_COLUMNS = [
+    "rank",
+    "step",
+    "start_ns",
+    "end_ns",
+    "step_ns",
+    "gpu_busy_ns",
+    "gpu_kernel_ns",
+    "gap_ns",
+    "gpu_idle_share",
+    "phase",
+    "batch_size",
+    "num_tokens",
+    "marker",
+    "name",
+]
+
+_HOST_SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP)
+_VLLM_RE = re.compile(r"context_(\d+)\(([\d_]*)\)_generation_(\d+)\(([\d_]*)\)")
+_SGLANG_RE = re.compile(r"^step\[(\w+)(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?")
+_NUMBER_RE = re.compile(r"#(\d+)$")
+
+
+def step_markers(step_pattern: str | None = None) -> tuple[StepMarker, ...]:
+    if step_pattern:
+        return (StepMarker("user", re.compile(step_pattern)),) + BUILTIN_MARKERS
+    return BUILTIN_MARKERS
+
+
+def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None) -> pd.DataFrame:
+    """Step spans of every rank: columns rank, step, start_ns, end_ns, name, marker.
+
+    Nested matches (a step span inside another on the same rank) are dropped so each
+    iteration counts once.
+    """
+    host = events[events["kind"].isin(_HOST_SPAN_KINDS)]
+    names = host["name"].astype("string")
+    for marker in step_markers(step_pattern):
+        hit = names.str.contains(marker.pattern, na=False).to_numpy(dtype=bool)
+        if hit.any():
+            spans = host.loc[hit, ["rank", "start_ns", "end_ns", "name"]].astype(
+                {"rank": "int64", "start_ns": "int64", "end_ns": "int64", "name": "object"}
+            )
+            return _number_steps(_drop_nested(spans), marker.key)
+    return pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns", "name", "marker"])
+
+
+def _drop_nested(spans: pd.DataFrame) -> pd.DataFrame:
+    spans = spans.sort_values(["rank", "start_ns", "end_ns"], ascending=[True, True, False])
+    keep = np.ones(len(spans), dtype=bool)
+    for _, idx in spans.groupby("rank", sort=False).indices.items():
+        ends = spans["end_ns"].to_numpy()[idx]
+        running = np.maximum.accumulate(ends)
+        # inside an earlier span of this rank: its end does not pass the running end before it
+        inner = np.zeros(len(idx), dtype=bool)
+        inner[1:] = ends[1:] <= running[:-1]
+        keep[idx] = ~inner
+    return spans[keep]
+
+
+def _number_steps(spans: pd.DataFrame, marker_key: str) -> pd.DataFrame:
+    spans = spans.sort_values(["rank", "start_ns"]).reset_index(drop=True)
+    explicit = spans["name"].str.extract(_NUMBER_RE, expand=False)
+    ordinal = spans.groupby("rank").cumcount()
+    if explicit.notna().all():
+        spans["step"] = explicit.astype("int64")
+    else:
+        spans["step"] = ordinal.astype("int64")
+    spans["marker"] = marker_key
+    return spans[["rank", "step", "start_ns", "end_ns", "name", "marker"]]
+
+
+def step_batch_facts(names: pd.Series) -> pd.DataFrame:
+    """Phase (prefill / decode / mixed), batch size and tokens parsed from step names."""
+    phase: list[str | None] = []
+    batch: list[float] = []
+    tokens: list[float] = []
+    for name in names.astype(str):
+        m = _VLLM_RE.search(name)
+        if m:
+            n_ctx, ctx_tok, n_gen, gen_tok = int(m[1]), _tok(m[2]), int(m[3]), _tok(m[4])
+            phase.append("mixed" if n_ctx and n_gen else "prefill" if n_ctx else "decode")
+            batch.append(n_ctx + n_gen)
+            tokens.append(ctx_tok + gen_tok)
+            continue
+        m = _SGLANG_RE.match(name)
+        if m:
+            kind = m[1].upper()
+            phase.append("decode" if kind == "DECODE" else "prefill" if kind in ("EXTEND", "PREFILL") else kind.lower())
+            batch.append(float(m[2]) if m[2] else np.nan)
+            tokens.append(float(m[3]) if m[3] else (float(m[2]) if m[2] and kind == "DECODE" else np.nan))
+            continue
+        phase.append(None)
+        batch.append(np.nan)
+        tokens.append(np.nan)
+    return pd.DataFrame(
+        {
+            "phase": pd.Series(phase, index=names.index, dtype="string"),
+            "batch_size": pd.Series(batch, index=names.index).astype("Int64"),
+            "num_tokens": pd.Series(tokens, index=names.index).astype("Int64"),
+        }
+    )
+
+
+def _tok(text: str) -> int:
+    # vLLM writes the token count; some builds write "count_extra": take the first number
+    head = text.split("_")[0]
+    return int(head) if head.isdigit() else 0
+
+
+def step_table(events: pd.DataFrame, step_pattern: str | None = None) -> pd.DataFrame:
+    """Per (rank, step): wall time, GPU busy and kernel time inside the step, and the gap."""
+    spans = find_step_spans(events, step_pattern)
+    if spans.empty:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]}).reindex(columns=STEP_COLUMNS)
+    parts = []
+    for rank, rank_spans in spans.groupby("rank", sort=True):
+        rank_events = events[events["rank"] == rank]
+        busy = gpu.busy_intervals(rank_events)
+        kernels = gpu.kernel_intervals(rank_events)
+        lo = rank_spans["start_ns"].to_numpy(np.int64)
+        hi = rank_spans["end_ns"].to_numpy(np.int64)
+        part = rank_spans.copy()
+        part["gpu_busy_ns"] = iv.covered_between(busy, lo, hi)
+        part["gpu_kernel_ns"] = iv.covered_between(kernels, lo, hi)
+        parts.append(part)
+    steps = pd.concat(parts, ignore_index=True)
+    steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
+    steps["gap_ns"] = steps["step_ns"] - steps["gpu_busy_ns"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps["gpu_idle_share"] = np.where(steps["step_ns"] > 0, steps["gap_ns"] / steps["step_ns"], np.nan)
+    steps = pd.concat([steps, step_batch_facts(steps["name"])], axis=1)
+    return steps[STEP_COLUMNS].sort_values(["rank", "start_ns"]).reset_index(drop=True)

@@ -1,0 +1,104 @@
+"""Parquet cache of parsed traces, so a second analysis of the same files does not parse again.
+
+Keyed by the file's absolute path, size, mtime and the schema/reader versions: an edited
+or replaced file misses the cache. Lives under ``$PROFKIT_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/profkit`` or ``~/.cache/profkit``) because trace folders are often
+read-only. Disable with ``PROFKIT_CACHE=0``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from profkit import schema
+from profkit.ingest.base import RankPart
+
+READER_VERSION = 1
+_META_KEY = b"profkit.part"
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("PROFKIT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "profkit"
+
+
+def enabled() -> bool:
+    return os.environ.get("PROFKIT_CACHE", "1") not in ("0", "false", "no", "off")
+
+
+def cache_key(path: Path, options: dict | None = None) -> str:
+    st = path.stat()
+    ident = json.dumps(
+        [str(path.resolve()), st.st_size, st.st_mtime_ns, schema.SCHEMA_VERSION, READER_VERSION, options or {}],
+        sort_keys=True,
+    )
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def load(path: Path, options: dict | None = None) -> list[RankPart] | None:
+    """Cached parts of ``path``, or None on a miss (or an unreadable cache entry)."""
+    if not enabled():
+        return None
+    entry = cache_dir() / cache_key(path, options)
+    done = entry / "parts.json"
+    if not done.is_file():
+        return None
+    try:
+        n_parts = json.loads(done.read_text())["n_parts"]
+        parts = []
+        for i in range(n_parts):
+            table = pq.read_table(entry / f"part-{i}.parquet")
+            info = json.loads(table.schema.metadata[_META_KEY])
+            table = table.replace_schema_metadata(None).cast(schema.ARROW_SCHEMA)
+            parts.append(RankPart(table=table, **info))
+        return parts
+    except Exception:  # a damaged cache entry is a miss, never an error
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+
+def store(path: Path, parts: list[RankPart], options: dict | None = None) -> None:
+    """Write parts atomically (temp dir + rename); failures to cache are ignored."""
+    if not enabled():
+        return
+    root = cache_dir()
+    tmp: Path | None = None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        entry = root / cache_key(path, options)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+        for i, part in enumerate(parts):
+            info = {
+                "path": part.path,
+                "source": part.source,
+                "rank": part.rank,
+                "rank_origin": part.rank_origin,
+                "key": part.key,
+                "meta": part.meta,
+                "warnings": part.warnings,
+            }
+            table = part.table.replace_schema_metadata({_META_KEY: json.dumps(info, default=str).encode()})
+            pq.write_table(table, tmp / f"part-{i}.parquet", compression="zstd")
+        (tmp / "parts.json").write_text(json.dumps({"n_parts": len(parts)}))
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(tmp, entry)
+    except OSError:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def table_with_rank(table: pa.Table, rank: int) -> pa.Table:
+    idx = table.schema.get_field_index("rank")
+    return table.set_column(idx, "rank", pa.array(np.full(table.num_rows, rank, dtype=np.int32)))

@@ -1,0 +1,252 @@
+"""Find trace files, pick a reader for each, reconcile ranks, and build one event table.
+
+One bad file never hides the others: its error is recorded in ``Capture.skipped`` (one
+line naming the file and the problem) and everything readable is still loaded.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import pandas as pd
+import pyarrow as pa
+
+from profkit import schema
+from profkit.errors import DuplicateRankError, TraceError
+from profkit.ingest import cache
+from profkit.ingest.base import RankPart
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
+# files a capture folder holds that are not traces
+NOT_TRACES = re.compile(r"^(manifest|truth|summary|alignment)\.json$|\.timings\.|^steps\.|^causes\.|^stragglers\.")
+RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?=[^0-9]|$)", re.IGNORECASE)
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
+    """Expand folders into trace files (sorted); return (files, problems)."""
+    files: list[Path] = []
+    problems: list[str] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file() and f.name.endswith(TRACE_SUFFIXES) and not NOT_TRACES.search(f.name)
+            )
+            if not found:
+                problems.append(f"{p}: folder holds no trace files ({', '.join(TRACE_SUFFIXES)})")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            problems.append(f"{p}: no such file or folder")
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        r = f.resolve()
+        if r not in seen:
+            seen.add(r)
+            unique.append(f)
+    return unique, problems
+
+
+def sniff(path: Path) -> str:
+    """Which reader a file needs: kineto | chrome | nsys | nsys-rep."""
+    if path.name.endswith(".nsys-rep"):
+        return "nsys-rep"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise TraceError(path, f"cannot open: {exc.strerror or exc}") from None
+    if not head:
+        raise TraceError(path, "empty file")
+    if head.startswith(_SQLITE_MAGIC):
+        return "nsys"
+    if head.startswith(_GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
+        from profkit.ingest.kineto import sniff_json
+
+        return sniff_json(path)
+    raise TraceError(path, "unknown format: not JSON, gzip'd JSON or an Nsight Systems SQLite export")
+
+
+def read_file(path: Path, pid_to_rank: dict[int, int] | None = None) -> list[RankPart]:
+    """Parse one file with the right reader (through the Parquet cache)."""
+    options = {"pid_to_rank": sorted(pid_to_rank.items())} if pid_to_rank else None
+    cached = cache.load(path, options)
+    if cached is not None:
+        return cached
+    kind = sniff(path)
+    if kind == "kineto":
+        from profkit.ingest.kineto import read_kineto
+
+        parts = read_kineto(path)
+    elif kind == "chrome":
+        from profkit.ingest.chrome import read_chrome
+
+        parts = read_chrome(path)
+    elif kind == "nsys":
+        from profkit.ingest.nsys import read_nsys
+
+        parts = read_nsys(path, pid_to_rank=pid_to_rank)
+    elif kind == "nsys-rep":
+        from profkit.ingest.nsys import read_nsys_rep
+
+        parts = read_nsys_rep(path)
+    else:  # pragma: no cover - sniff returns only the kinds above
+        raise TraceError(path, f"no reader for {kind}")
+    cache.store(path, parts, options)
+    return parts
+
+
+@dataclass
+class RankMap:
+    """User's explicit rank assignments: ``FILE=RANK`` or ``FILE:PID=RANK`` (FILE may be a name)."""
+
+    by_file: dict[str, int] = field(default_factory=dict)
+    by_file_pid: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, specs: Iterable[str]) -> "RankMap":
+        out = cls()
+        for spec in specs:
+            target, sep, rank = spec.rpartition("=")
+            if not sep or not rank.strip().isdigit() or not target:
+                raise ValueError(f"--rank {spec!r}: expected FILE=RANK or FILE:PID=RANK")
+            head, colon, pid = target.rpartition(":")
+            if colon and pid.isdigit() and head:
+                out.by_file_pid[(head, int(pid))] = int(rank)
+            else:
+                out.by_file[target] = int(rank)
+        return out
+
+    def _match(self, path: Path, table: dict):
+        for key, value in table.items():
+            name = key[0] if isinstance(key, tuple) else key
+            if name in (str(path), path.name) or Path(name).resolve() == path.resolve():
+                yield key, value
+
+    def for_file(self, path: Path) -> int | None:
+        return next((v for _, v in self._match(path, self.by_file)), None)
+
+    def pids_for_file(self, path: Path) -> dict[int, int]:
+        return {k[1]: v for k, v in self._match(path, self.by_file_pid)}
+
+
+def rank_from_filename(path: Path) -> int | None:
+    m = RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class Capture:
+    """Everything loaded: the event table, which part became which rank, and what was skipped."""
+
+    events: pd.DataFrame
+    parts: pd.DataFrame  # one row per loaded part: rank, source, path, key, rank_origin, n_events
+    meta: dict[int, list[dict]]  # rank -> meta of each of its parts
+    skipped: list[str]  # one line per input that could not be read: "<file>: <problem>"
+    warnings: list[str]
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(int(r) for r in self.parts["rank"].unique()) if len(self.parts) else []
+
+    def steps(self, step_pattern: str | None = None) -> pd.DataFrame:
+        from profkit.analyze.steps import step_table
+
+        return step_table(self.events, step_pattern)
+
+    def gpu_timeline(self) -> pd.DataFrame:
+        from profkit.analyze.gpu import gpu_timelines
+
+        return gpu_timelines(self.events)
+
+
+def load(
+    *paths: str | Path,
+    rank_map: RankMap | dict[str, int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Capture:
+    """Read every trace under ``paths`` into one Capture (never raises for one bad file).
+
+    Ranks come from trace metadata, else the file name (``rank3``, ``rank-3``,
+    ``_rank3.``), else the order of the inputs; an explicit ``rank_map`` wins over all.
+    Two inputs of one source claiming one rank: the second is skipped with an error
+    naming both files.
+    """
+    if isinstance(rank_map, dict):
+        rank_map = RankMap(by_file=dict(rank_map))
+    rank_map = rank_map or RankMap()
+    files, skipped = discover(paths)
+    warnings: list[str] = []
+    loaded: list[RankPart] = []
+    for path in files:
+        if progress:
+            progress(f"reading {path}")
+        try:
+            parts = read_file(path, rank_map.pids_for_file(path) or None)
+        except TraceError as exc:
+            skipped.append(str(exc))
+            continue
+        except MemoryError:
+            skipped.append(f"{path}: out of memory while reading")
+            continue
+        forced = rank_map.for_file(path)
+        for part in parts:
+            if forced is not None and len(parts) == 1:
+                part.rank, part.rank_origin = forced, "mapping"
+            elif part.rank is None:
+                from_name = rank_from_filename(path) if len(parts) == 1 else None
+                if from_name is not None:
+                    part.rank, part.rank_origin = from_name, "filename"
+            warnings.extend(f"{part.label}: {w}" for w in part.warnings)
+            loaded.append(part)
+    # inputs that still have no rank get the lowest free ones, in input order
+    used = {p.rank for p in loaded if p.rank is not None}
+    next_free = 0
+    for part in loaded:
+        if part.rank is None:
+            while next_free in used:
+                next_free += 1
+            part.rank, part.rank_origin = next_free, "order"
+            used.add(next_free)
+            warnings.append(f"{part.label}: no rank in metadata or file name; assigned rank {next_free} by input order")
+    claimed: dict[tuple[int, str], RankPart] = {}
+    kept: list[RankPart] = []
+    for part in loaded:
+        owner = claimed.get((part.rank, part.source))
+        if owner is not None:
+            skipped.append(str(DuplicateRankError(part.rank, owner.label, part.label)))
+            continue
+        claimed[(part.rank, part.source)] = part
+        kept.append(part)
+    return _assemble(kept, skipped, warnings)
+
+
+def _assemble(parts: list[RankPart], skipped: list[str], warnings: list[str]) -> Capture:
+    tables = [cache.table_with_rank(p.table, p.rank) for p in parts]
+    table = pa.concat_tables(tables) if tables else schema.ARROW_SCHEMA.empty_table()
+    events = schema.to_frame(table)
+    rows = [
+        {
+            "rank": p.rank,
+            "source": p.source,
+            "path": p.path,
+            "key": p.key,
+            "rank_origin": p.rank_origin,
+            "n_events": p.table.num_rows,
+        }
+        for p in parts
+    ]
+    parts_df = pd.DataFrame(rows, columns=["rank", "source", "path", "key", "rank_origin", "n_events"])
+    meta: dict[int, list[dict]] = {}
+    for p in parts:
+        meta.setdefault(int(p.rank), []).append({"path": p.path, "source": p.source, "key": p.key, **p.meta})
+    return Capture(events=events, parts=parts_df, meta=meta, skipped=skipped, warnings=warnings)

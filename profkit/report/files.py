@@ -1,0 +1,51 @@
+"""Write an analysis to files: ``summary.json`` and ``steps.csv`` (names are a public contract)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+STEPS_CSV_COLUMNS = ["rank", "step", "start_ns", "end_ns", "step_ns", "gpu_busy_ns", "gpu_kernel_ns", "gap_ns"]
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or value is pd.NA:
+        return None
+    if hasattr(value, "item"):  # numpy scalar
+        value = value.item()
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        return int(value) if value.is_integer() and abs(value) < 2**63 else value
+    return value
+
+
+def summary_document(analysis) -> dict[str, Any]:
+    """The JSON document for ``summary.json`` (``ranks`` is a list sorted by rank)."""
+    ranks = []
+    for row in analysis.ranks.to_dict("records"):
+        ranks.append({k: _jsonable(v) for k, v in row.items()})
+    return {
+        "profkit_version": analysis.version,
+        "step_marker": analysis.step_marker,
+        "n_ranks": len(ranks),
+        "ranks": ranks,
+        "inputs": [{k: _jsonable(v) for k, v in r.items()} for r in analysis.capture.parts.to_dict("records")],
+        "skipped": list(analysis.capture.skipped),
+        "warnings": list(analysis.capture.warnings),
+    }
+
+
+def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary_path = out / "summary.json"
+    summary_path.write_text(json.dumps(summary_document(analysis), indent=2) + "\n")
+    steps_path = out / "steps.csv"
+    steps = analysis.steps
+    extra = [c for c in steps.columns if c not in STEPS_CSV_COLUMNS]
+    steps[STEPS_CSV_COLUMNS + extra].to_csv(steps_path, index=False)
+    return [summary_path, steps_path]

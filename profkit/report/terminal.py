@@ -1,0 +1,61 @@
+"""Readable terminal summary of an analysis (plain text, fits 100 columns)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+
+def _ms(ns) -> str:
+    if ns is None or (isinstance(ns, float) and math.isnan(ns)) or ns is pd.NA:
+        return "-"
+    return f"{float(ns) / 1e6:.3f}"
+
+
+def _pct(x) -> str:
+    if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{100 * float(x):.1f}%"
+
+
+def render_summary(analysis) -> str:
+    cap = analysis.capture
+    lines: list[str] = []
+    n_ranks = len(analysis.ranks)
+    lines.append(f"profkit {analysis.version}: {n_ranks} rank(s), {len(cap.events):,} events")
+    steps = analysis.steps
+    if len(steps):
+        total_step = steps["step_ns"].sum()
+        total_gap = steps["gap_ns"].sum()
+        lines.append(
+            f"steps found by marker '{analysis.step_marker}': {len(steps)} in all; "
+            f"median step {_ms(steps['step_ns'].median())} ms vs median GPU busy "
+            f"{_ms(steps['gpu_busy_ns'].median())} ms; the GPU sat idle for "
+            f"{_pct(total_gap / total_step if total_step else float('nan'))} of step time"
+        )
+    else:
+        lines.append("no serving steps found (no step markers; try --step-pattern REGEX); whole-trace GPU timeline only")
+    lines.append("")
+    header = (
+        f"{'rank':>4} {'steps':>6} {'step p50 ms':>12} {'GPU busy p50':>13} {'gap p50 ms':>11} "
+        f"{'idle share':>10} | {'window ms':>10} {'busy ms':>10} {'idle ms':>10}"
+    )
+    lines.append(header)
+    lines.append("-" * len(header))
+    for row in analysis.ranks.to_dict("records"):
+        lines.append(
+            f"{int(row['rank']):>4} {int(row['n_steps']):>6} {_ms(row['step_ns_p50']):>12} "
+            f"{_ms(row['gpu_busy_ns_p50']):>13} {_ms(row['gap_ns_p50']):>11} {_pct(row['step_gpu_idle_share']):>10} | "
+            f"{_ms(row['window_ns']):>10} {_ms(row['gpu_busy_ns']):>10} {_ms(row['gpu_idle_ns']):>10}"
+        )
+    if cap.skipped:
+        lines.append("")
+        lines.append(f"skipped {len(cap.skipped)} input(s):")
+        lines.extend(f"  {s}" for s in cap.skipped)
+    if cap.warnings:
+        lines.append("")
+        lines.append(f"{len(cap.warnings)} warning(s):")
+        lines.extend(f"  {w}" for w in cap.warnings[:20])
+        if len(cap.warnings) > 20:
+            lines.append(f"  ... and {len(cap.warnings) - 20} more (see summary.json)")
+    return "\n".join(lines)
