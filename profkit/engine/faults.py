@@ -24,6 +24,9 @@ FAULT_KINDS: dict[str, str] = {
 }
 
 DEFAULT_MS = 20.0
+#: which process of a rank acts out each kind under --split-procs
+ENGINE_KINDS = frozenset({"gc", "sleep", "slow_schedule", "crash"})
+WORKER_KINDS = frozenset({"host_sync", "slow_allreduce", "hot_experts"})
 
 
 @dataclass(frozen=True)
@@ -90,9 +93,12 @@ class InjectedCrash(RuntimeError):
 class FaultRuntime:
     """The faults of one rank: decides what fires at a step and records what did."""
 
-    def __init__(self, rank: int, specs: list[FaultSpec]):
+    def __init__(self, rank: int, specs: list[FaultSpec], kinds: set[str] | None = None):
+        """``specs`` is the whole run's list (an event names its index there); ``kinds`` limits
+        this runtime to the faults of one process when engine core and worker are split."""
         self.rank = rank
-        self.specs = [s for s in specs if s.rank == rank]
+        self.index = {id(s): i for i, s in enumerate(specs)}
+        self.specs = [s for s in specs if s.rank == rank and (kinds is None or s.kind in kinds)]
         self.fired: list[dict] = []  # this step's events; the engine moves them into the step record
         self._heap: list = []
         gc_ms = [s.ms for s in self.specs if s.kind == "gc"]
@@ -105,7 +111,8 @@ class FaultRuntime:
         return None
 
     def record(self, spec: FaultSpec, measured_ns: int, **extra) -> None:
-        self.fired.append({"kind": spec.kind, "ms": spec.ms, "measured_ns": int(measured_ns), **extra})
+        self.fired.append({"kind": spec.kind, "spec": self.index[id(spec)], "ms": spec.ms,
+                           "measured_ns": int(measured_ns), **extra})
 
     def take_fired(self) -> list[dict]:
         fired, self.fired = self.fired, []
@@ -121,18 +128,20 @@ class FaultRuntime:
         """
         target_ns = target_ms * 1e6
         n = 20_000
-        for _ in range(12):
+        for _ in range(16):
             while len(self._heap) < n:
                 a: list = [None]
                 a[0] = [a]
                 self._heap.append(a)
-            t0 = time.perf_counter_ns()
+            del self._heap[n:]
+            gc.collect()  # frees what a shrink left behind; untimed
+            t0 = time.thread_time_ns()  # CPU time: calibration runs while other ranks start up
             gc.collect()
-            took = time.perf_counter_ns() - t0
-            if took >= 0.9 * target_ns or len(self._heap) > 5_000_000:
+            took = time.thread_time_ns() - t0
+            if 0.85 * target_ns <= took <= 1.15 * target_ns or n >= 5_000_000:
                 break
-            # extrapolate (collection cost is ~linear in live objects), at most x4 per round
-            n = int(len(self._heap) * min(4.0, max(1.2, target_ns / max(took, 1))))
+            # cost is roughly linear in live objects (superlinear once caches overflow): iterate
+            n = min(5_000_000, max(1_000, int(n * min(4.0, max(0.5, target_ns / max(took, 1))))))
         return len(self._heap) * 2
 
     def collect(self) -> tuple[int, int]:

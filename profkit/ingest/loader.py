@@ -18,7 +18,7 @@ from profkit.errors import DuplicateRankError, TraceError
 from profkit.ingest import cache
 from profkit.ingest.base import RankPart
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".qdrep")
 # files a capture folder holds that are not traces
 NOT_TRACES = re.compile(r"^(manifest|truth|summary|alignment)\.json$|\.timings\.|^steps\.|^causes\.|^stragglers\.")
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?=[^0-9]|$)", re.IGNORECASE)
@@ -58,7 +58,7 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
 
 def sniff(path: Path) -> str:
     """Which reader a file needs: kineto | chrome | nsys | nsys-rep."""
-    if path.name.endswith(".nsys-rep"):
+    if path.name.endswith((".nsys-rep", ".qdrep")):
         return "nsys-rep"
     try:
         with open(path, "rb") as fh:
@@ -98,7 +98,7 @@ def read_file(path: Path, pid_to_rank: dict[int, int] | None = None) -> list[Ran
     elif kind == "nsys-rep":
         from profkit.ingest.nsys import read_nsys_rep
 
-        parts = read_nsys_rep(path)
+        parts = read_nsys_rep(path, pid_to_rank=pid_to_rank)
     else:  # pragma: no cover - sniff returns only the kinds above
         raise TraceError(path, f"no reader for {kind}")
     cache.store(path, parts, options)

@@ -30,7 +30,7 @@ NSYS_MARKER_TABLES = (
     "META_DATA_EXPORT",
     "EXPORT_META_DATA",
 )
-# Tables that never leave this module's callers: they hold the captured environment.
+# Tables that hold the captured environment (secrets included): no query may touch them.
 FORBIDDEN_TABLES = frozenset({"TARGET_INFO_SYSTEM_ENV", "META_DATA_CAPTURE"})
 
 
@@ -58,6 +58,9 @@ class NsysDb:
         for (name,) in rows:
             if not isinstance(name, str):
                 continue
+            if name in FORBIDDEN_TABLES:  # known to exist; never queried, not even for columns
+                self.columns[name] = set()
+                continue
             info = self._execute(f'PRAGMA table_info("{quote_ident(name)}")').fetchall()
             self.columns[name] = {str(r[1]) for r in info}
 
@@ -76,9 +79,12 @@ class NsysDb:
 
     # -- queries --------------------------------------------------------------------------------
     def _execute(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+        upper = sql.upper()
+        if any(t.upper() in upper for t in FORBIDDEN_TABLES):
+            raise RuntimeError(f"profkit bug: a query touches a table that holds the captured environment: {sql}")
         try:
             return self.con.execute(sql, params)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # bad UTF-8 in a damaged schema's names
             raise corrupt_error(self.path, exc) from exc
 
     def scalar_rows(self, sql: str, params: tuple = ()) -> list[tuple]:
@@ -86,7 +92,7 @@ class NsysDb:
         cur = self._execute(sql, params)
         try:
             return cur.fetchall()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
             raise corrupt_error(self.path, exc) from exc
 
     def fetch_table(self, sql: str, schema: pa.Schema, params: tuple = ()) -> pa.Table:
@@ -101,7 +107,7 @@ class NsysDb:
                 columns = list(zip(*rows))
                 arrays = [pa.array(columns[i], type=f.type) for i, f in enumerate(schema)]
                 batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
             raise corrupt_error(self.path, exc) from exc
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             raise TraceError(self.path, f"unexpected value types in an nsys table ({exc})") from exc
@@ -160,6 +166,7 @@ class StringTable:
         self.ids = ids
         self.values = values
         self.truncated = truncated  # referenced strings cut at MAX_TEXT_CHARS
+        self.missing = 0  # lookups of ids that StringIds lacks (names left null)
 
     @classmethod
     def load(cls, db: NsysDb, id_queries: list[str]) -> StringTable:
@@ -170,7 +177,7 @@ class StringTable:
         sql = (f"SELECT id, substr(CAST(value AS TEXT), 1, {MAX_TEXT_CHARS}), "
                f"length(CAST(value AS TEXT)) > {MAX_TEXT_CHARS} "
                f"FROM StringIds WHERE id IN ({union})")
-        schema = pa.schema([("id", pa.int64()), ("value", pa.string()), ("cut", pa.bool_())])
+        schema = pa.schema([("id", pa.int64()), ("value", pa.string()), ("cut", pa.int64())])
         tbl = db.fetch_table(sql, schema)
         return cls(tbl["id"].combine_chunks(), tbl["value"].combine_chunks(),
                    int(pc.sum(tbl["cut"]).as_py() or 0))
@@ -178,4 +185,5 @@ class StringTable:
     def lookup(self, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
         """ids -> strings (null where the id is null or absent from StringIds)."""
         positions = pc.index_in(ids, value_set=self.ids)
+        self.missing += int(pc.sum(pc.and_(pc.is_valid(ids), pc.is_null(positions))).as_py() or 0)
         return pc.take(self.values, positions)

@@ -1,0 +1,187 @@
+"""``python -m profkit.engine``: launch one process per DP rank, wait for them, write the truth.
+
+    python -m profkit.engine --ranks N --steps S [--device cpu|cuda]
+        [--inject KIND:rank=R[,every=K][,ms=M][,start=S]]... [--truth FILE] [--out DIR] [--seed K]
+        [--torch-profile DIR --profile-steps A:B] [--cuda-profiler-steps A:B] [--split-procs]
+
+Profiler windows are step numbers [A, B): started before step A and stopped before step B on
+every rank. Exit status 0 when every rank finished; otherwise non-zero with the failed rank named.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from .config import EngineConfig, ModelSize
+from .faults import FAULT_KINDS, parse_inject
+from .truth import build_truth, read_timings, write_truth
+
+
+def _window(text: str) -> tuple[int, int]:
+    a, sep, b = text.partition(":")
+    try:
+        start, stop = int(a), int(b)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected A:B (step numbers)") from None
+    if not sep or start < 0 or stop <= start:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected A:B with 0 <= A < B")
+    return start, stop
+
+
+def _inject(text: str):
+    try:
+        return parse_inject(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    kinds = "\n".join(f"  {k}: {v}" for k, v in FAULT_KINDS.items())
+    p = argparse.ArgumentParser(
+        prog="python -m profkit.engine", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A small DP-attention + expert-parallel engine shaped like vLLM, with fault "
+                    "injection and written truth.", epilog=f"fault kinds:\n{kinds}")
+    p.add_argument("--ranks", type=int, required=True, help="DP ranks (processes; one GPU each on cuda)")
+    p.add_argument("--steps", type=int, required=True, help="engine steps per rank")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--inject", type=_inject, action="append", default=[],
+                   metavar="KIND:rank=R[,every=K][,ms=M][,start=S]", help="repeatable")
+    p.add_argument("--truth", metavar="FILE", help="write the injected truth as JSON")
+    p.add_argument("--out", metavar="DIR", help="step timings per rank (default: a new temp dir)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--torch-profile", metavar="DIR", help="torch.profiler traces rank{r}.pt.trace.json.gz")
+    p.add_argument("--profile-steps", type=_window, metavar="A:B", help="torch.profiler window [A, B)")
+    p.add_argument("--cuda-profiler-steps", type=_window, metavar="A:B",
+                   help="cudaProfilerStart/Stop window [A, B) (nsys --capture-range=cudaProfilerApi)")
+    p.add_argument("--split-procs", action="store_true",
+                   help="engine core (scheduler) and worker (model) in two processes per rank, like vLLM")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is killed")
+    p.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout, seconds")
+    sizes = p.add_argument_group("model size (defaults depend on --device)")
+    for name in ("hidden", "ffn", "layers", "experts-per-rank", "topk", "vocab", "token-budget", "max-seqs"):
+        sizes.add_argument(f"--{name}", type=int)
+    return p
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_config(args: argparse.Namespace, argv: list[str]) -> EngineConfig:
+    size = ModelSize.for_device(args.device)
+    overrides = {k: getattr(args, k) for k in ("hidden", "ffn", "layers", "experts_per_rank", "topk",
+                                                "vocab", "token_budget", "max_seqs")
+                 if getattr(args, k) is not None}
+    size = replace(size, **overrides)
+    if size.topk > size.experts_per_rank * args.ranks:
+        raise SystemExit(f"--topk {size.topk} exceeds the number of experts")
+    for spec in args.inject:
+        if spec.rank >= args.ranks:
+            raise SystemExit(f"--inject {spec.kind}: rank {spec.rank} out of range for --ranks {args.ranks}")
+    if args.profile_steps and not args.torch_profile:
+        raise SystemExit("--profile-steps needs --torch-profile DIR")
+    if args.torch_profile and not args.profile_steps:
+        args.profile_steps = (min(10, args.steps // 3), args.steps)
+    out = args.out or tempfile.mkdtemp(prefix="profkit-engine-")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return EngineConfig(
+        ranks=args.ranks, steps=args.steps, device=args.device, seed=args.seed, out_dir=str(Path(out).resolve()),
+        faults=list(args.inject), size=size,
+        torch_profile_dir=str(Path(args.torch_profile).resolve()) if args.torch_profile else None,
+        profile_steps=args.profile_steps, cuda_profiler_steps=args.cuda_profiler_steps,
+        split_procs=args.split_procs, pg_timeout_s=args.pg_timeout, master_port=free_port(),
+        command=shlex.join([sys.executable, "-m", "profkit.engine", *argv]))
+
+
+def launch(cfg: EngineConfig, timeout_s: float) -> tuple[int, str]:
+    """Spawn the ranks and wait; returns (exit status, message). A failing rank stops the others."""
+    import torch.multiprocessing as mp  # torch only from here on
+
+    from .core import MULTI_GPU_ENV, rank_main
+
+    os.environ.update(MULTI_GPU_ENV)  # inherited by spawned ranks (and set again inside them)
+    ctx = mp.spawn(rank_main, args=(cfg,), nprocs=cfg.ranks, join=False)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.terminate()
+                return 3, f"timed out after {timeout_s:.0f} s; ranks still running: {alive}"
+    except mp.ProcessRaisedException as exc:
+        return 1, f"rank {exc.error_index} failed:\n{exc}"
+    except mp.ProcessExitedException as exc:
+        return 1, f"rank {exc.error_index} exited with {exc.exit_code} (signal {exc.signal_name})"
+    return 0, "ok"
+
+
+def device_name(cfg: EngineConfig) -> str:
+    """From the ranks' info files: the launcher itself never creates a CUDA context."""
+    if cfg.device != "cuda":
+        return "cpu"
+    for role in ("worker", "engine"):
+        info = Path(cfg.out_dir) / f"rank0.{role}.json"
+        if info.exists() and "device_name" in (data := json.loads(info.read_text())):
+            return f"cuda: {cfg.ranks} x {data['device_name']}"
+    return f"cuda: {cfg.ranks} GPUs"
+
+
+def summarize(cfg: EngineConfig, timings: dict[int, list[dict]]) -> str:
+    lines = [f"{'rank':>4} {'steps':>5} {'median ms':>9} {'max ms':>8}  faults fired at steps"]
+    for rank in range(cfg.ranks):
+        recs = timings.get(rank, [])
+        ms = [r["step_ns"] / 1e6 for r in recs]
+        fired = sorted({(ev["kind"], r["step"]) for r in recs for ev in r.get("faults", [])})
+        kinds: dict[str, list[int]] = {}
+        for kind, step in fired:
+            kinds.setdefault(kind, []).append(step)
+        med = f"{statistics.median(ms):9.2f}" if ms else f"{'-':>9}"
+        mx = f"{max(ms):8.2f}" if ms else f"{'-':>8}"
+        lines.append(f"{rank:>4} {len(recs):>5} {med} {mx}  " + "; ".join(f"{k} {v}" for k, v in kinds.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.ranks < 1 or args.steps < 1:
+        raise SystemExit("--ranks and --steps must be >= 1")
+    cfg = make_config(args, argv)
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < cfg.ranks:
+            raise SystemExit(f"--device cuda needs {cfg.ranks} GPUs (one per rank); "
+                             f"found {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+    t0 = time.monotonic()
+    status, message = launch(cfg, args.timeout)
+    wall_s = time.monotonic() - t0
+    timings = {r: read_timings(p) for r in range(cfg.ranks)
+               if (p := Path(cfg.out_dir) / f"rank{r}.steps.jsonl").exists()}
+    print(summarize(cfg, timings))
+    if args.truth:
+        truth = build_truth(cfg.faults, timings, command=cfg.command, ranks=cfg.ranks, steps=cfg.steps,
+                            device=device_name(cfg), seed=cfg.seed, split_procs=cfg.split_procs,
+                            profile_steps=list(cfg.profile_steps) if cfg.profile_steps else None,
+                            cuda_profiler_steps=list(cfg.cuda_profiler_steps) if cfg.cuda_profiler_steps else None,
+                            out_dir=cfg.out_dir, exit_status=status,
+                            size=vars(cfg.size) | {"num_experts": cfg.num_experts})
+        write_truth(args.truth, truth)
+        print(f"truth: {args.truth}")
+    print(f"step timings: {cfg.out_dir} (rank{{r}}.steps.jsonl); {wall_s:.1f} s")
+    if status:
+        print(f"profkit.engine: {message}", file=sys.stderr)
+    return status

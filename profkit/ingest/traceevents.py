@@ -1,0 +1,483 @@
+"""Chrome-format trace events (Kineto's too) -> columns of the profkit event schema.
+
+A tight loop appends raw values of one chunk of event dicts to Python lists; right
+after each chunk they are checked and converted to Arrow arrays (numpy for time),
+so Python objects never pile up beyond one chunk (they cost ~150 bytes a row, the
+Arrow columns ~60 plus the names). Columns with odd values take a slow path;
+rare fields (collectives, bytes) are kept sparse. Timestamps become int64 ns
+exactly, see ``us_to_ns``.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from profkit import schema as S
+from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel
+
+Spec = tuple[str, bool]  # (kind, is_device_event)
+
+# Kineto's activity categories (libkineto ActivityType names) and their kinds.
+KINETO_CATS: dict[str, Spec] = {
+    "kernel": (S.KERNEL, True),
+    "gpu_memcpy": (S.MEMCPY, True),
+    "gpu_memset": (S.MEMSET, True),
+    "gpu_user_annotation": (S.GPU_SPAN, True),
+    "cuda_sync": (S.OTHER, True),
+    "cuda_runtime": (S.RUNTIME, False),
+    "cuda_driver": (S.RUNTIME, False),
+    "hip_runtime": (S.RUNTIME, False),  # ROCm Kineto writes cuda_runtime; older builds hip_*
+    "hip_driver": (S.RUNTIME, False),
+    "xpu_runtime": (S.RUNTIME, False),
+    "xpu_driver": (S.RUNTIME, False),
+    "mtia_runtime": (S.RUNTIME, False),
+    "privateuse1_runtime": (S.RUNTIME, False),
+    "privateuse1_driver": (S.RUNTIME, False),
+    "cpu_op": (S.CPU_OP, False),
+    "user_annotation": (S.CPU_SPAN, False),
+    "collective_comm": (S.CPU_SPAN, False),
+    "python_function": (S.PYTHON, False),
+    "cpu_instant_event": (S.INSTANT, False),
+    "Trace": (S.OTHER, False),
+    "overhead": (S.OTHER, False),
+    "cuda_profiler_range": (S.OTHER, False),
+}
+INSTANT_PHASES = frozenset(("i", "I", "n"))
+FLOW_PHASES = frozenset(("s", "t", "f"))
+BEGIN_END = frozenset(("B", "E"))
+
+US_LIMIT = 4.0e15  # µs (year 2096 as epoch µs): start + dur in ns stays far inside int64
+INT63 = (1 << 63) - 1
+_EMPTY: dict = {}
+_INT_OR_NONE = frozenset((int, type(None)))
+# branches of the hot loop (compared by identity)
+_HOST, _RUNTIME, _GPU, _FRAME = "host", "runtime", "gpu", "frame"
+
+
+def us_to_ns(us: np.ndarray) -> np.ndarray:
+    """Float µs -> int64 ns, exactly ``round(x * 1000)`` of the decimal written in the file.
+
+    ``ts * 1000`` in float64 is not exact: at ts ~ 4.9e12 µs (a ROCm trace here) the
+    product is ~4.9e15, where a double's spacing is 1 ns, and the two roundings can
+    land 1 ns off. Splitting off the integer part keeps every step exact: floor()
+    and the subtraction are exact in binary floating point, integer µs * 1000 is
+    done in int64, and the fraction * 1000 (< 1000) carries ~1e-13 ns of error. What
+    remains is the parser's own rounding of the decimal to a double: < 0.5 ns while
+    |ts| < 2**43 µs (~100 days of relative time), so the result equals the decimal's
+    ns value. Absolute-epoch µs written as floats (~1.7e15) keep the double's 0.25 µs
+    resolution; integer µs (older Kineto) are exact up to 2**53 µs.
+    """
+    whole = np.floor(us)
+    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+
+
+def stable_id(text: str) -> int:
+    """A stable non-negative int63 for a non-numeric pid/tid ("Traces", "Thread A")."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") & INT63
+
+
+_ID_COLUMNS = (("device", pa.int32(), None), ("stream", pa.int64(), "stream"), ("pid", pa.int64(), "pid"),
+               ("tid", pa.int64(), "tid"), ("correlation", pa.int64(), None))
+_SPARSE_COLUMNS = (("coll_name", pa.string()), ("coll_group", pa.string()), ("coll_seq", pa.int64()), ("bytes", pa.int64()))
+
+
+class EventColumns:
+    """Accumulates the events of one file: ``add`` chunk by chunk, then ``table``."""
+
+    def __init__(self, cat_spec: Callable[[str | None], Spec]):
+        self._spec_of = cat_spec
+        self._specs: dict[str | None, tuple] = {}
+        self._names: dict[str, str] = {}
+        self._batches: list[dict[str, Any]] = []
+        self.id_names: dict[str, dict[str, str]] = {"stream": {}, "pid": {}, "tid": {}}
+        self.begin_end: list[tuple] = []  # (ts, seq, is_begin, pid, tid, name, cat)
+        self.metadata: list[dict] = []
+        self.skipped: Counter = Counter()
+        self.dropped: Counter = Counter()  # (why, kind) -> rows
+        self._new_rows()
+
+    def _new_rows(self) -> None:
+        self.kind: list = []
+        self.cat: list = []
+        self.name: list = []
+        self.ts: list = []
+        self.dur: list = []
+        self.pid: list = []
+        self.tid: list = []
+        self.device: list = []
+        self.stream: list = []
+        self.corr: list = []
+        self.gpu_rows: list[int] = []
+        self.coll_name: dict[int, Any] = {}
+        self.coll_group: dict[int, Any] = {}
+        self.coll_seq: dict[int, Any] = {}
+        self.nbytes: dict[int, Any] = {}
+
+    # ------------------------------------------------------------ the hot loop
+    def _resolve(self, cat: str | None) -> tuple:
+        """(kind, group, cat) for a category; group picks the loop's branch (see ``_rows``)."""
+        kind, on_gpu = self._spec_of(cat)
+        if on_gpu:
+            group = _GPU
+        elif kind == S.RUNTIME:
+            group = _RUNTIME
+        elif kind in (S.PYTHON, S.SAMPLE):
+            group = _FRAME
+        else:
+            group = _HOST
+        spec = self._specs[cat] = (kind, group, cat)
+        return spec
+
+    def add(self, events: Iterable[Any]) -> None:
+        """Take one chunk of event dicts; afterwards the caller may drop them."""
+        self._rows(events)
+        self._flush()
+
+    def _rows(self, events: Iterable[Any]) -> None:
+        """Append raw values (checked later, per column, in ``_flush``).
+
+        Hot: ~1 µs per event. The category decides which fields are looked at:
+        host rows pid/tid (+ collective args), runtime rows also correlation, GPU
+        rows device/stream/correlation (+ NCCL kernel names, memcpy bytes), python
+        frames only pid/tid.
+        """
+        kind_l, cat_l, name_l = self.kind.append, self.cat.append, self.name.append
+        ts_l, dur_l, pid_l, tid_l = self.ts.append, self.dur.append, self.pid.append, self.tid.append
+        dev_l, stream_l, corr_l = self.device.append, self.stream.append, self.corr.append
+        gpu_rows, names, specs, resolve = self.gpu_rows, self._names, self._specs, self._resolve
+        skipped = self.skipped
+        KERNEL, INSTANT = S.KERNEL, S.INSTANT
+        row = len(self.kind)
+        flows = 0
+        for e in events:
+            if type(e) is not dict:
+                skipped["not an object"] += 1
+                continue
+            ph = e.get("ph")
+            if ph == "X":
+                dur = e.get("dur")
+            elif type(ph) is not str:
+                skipped["phase missing or not a string"] += 1
+                continue
+            elif ph in FLOW_PHASES:
+                flows += 1
+                continue
+            elif ph in INSTANT_PHASES:
+                dur = 0
+            else:
+                self._other_phase(e, ph)
+                continue
+            cat = e.get("cat")
+            if type(cat) is not str and cat is not None:
+                cat = str(cat)
+            spec = specs.get(cat)
+            if spec is None:
+                spec = resolve(cat)
+            kind, group, cat = spec
+            if ph != "X":
+                kind, group = INSTANT, _HOST
+            name = e.get("name")
+            if type(name) is str:
+                name = names.setdefault(name, name)
+            a = e.get("args")
+            if type(a) is not dict:
+                a = _EMPTY
+            kind_l(kind)
+            cat_l(cat)
+            name_l(name)
+            ts_l(e.get("ts"))
+            dur_l(dur)
+            if group is _FRAME:
+                pid_l(e.get("pid"))
+                tid_l(e.get("tid"))
+                dev_l(None)
+                stream_l(None)
+                corr_l(None)
+            elif group is _HOST:
+                pid_l(e.get("pid"))
+                tid_l(e.get("tid"))
+                dev_l(None)
+                stream_l(None)
+                corr_l(None)
+                if "Collective name" in a:
+                    self._coll_args(row, a)
+            elif group is _RUNTIME:
+                pid_l(e.get("pid"))
+                tid_l(e.get("tid"))
+                dev_l(None)
+                stream_l(None)
+                corr_l(a.get("correlation"))
+            else:
+                dev = a.get("device")
+                stream = a.get("stream")
+                dev_l(e.get("pid") if dev is None else dev)
+                stream_l(e.get("tid") if stream is None else stream)
+                pid_l(None)
+                tid_l(None)
+                corr_l(a.get("correlation"))
+                gpu_rows.append(row)
+                if "Collective name" in a:
+                    self._coll_args(row, a)
+                elif kind is KERNEL:
+                    if type(name) is str and name[:4] in ("nccl", "rccl"):
+                        coll = coll_from_kernel(name)
+                        if coll is not None:
+                            self.coll_name[row] = coll
+                elif "bytes" in a:
+                    self.nbytes[row] = a["bytes"]
+            row += 1
+        if flows:
+            skipped["flow"] += flows
+
+    def _coll_args(self, row: int, a: dict) -> None:
+        name, group, seq, nbytes = coll_from_args(a)
+        if name is None and self.kind[row] == S.KERNEL and isinstance(self.name[row], str):
+            name = coll_from_kernel(self.name[row])
+        for column, value in ((self.coll_name, name), (self.coll_group, group), (self.coll_seq, seq), (self.nbytes, nbytes)):
+            if value is not None:
+                column[row] = value
+
+    def _other_phase(self, e: dict, ph: str) -> None:
+        if ph in BEGIN_END:
+            self.begin_end.append((e.get("ts"), len(self.begin_end), ph == "B", e.get("pid"), e.get("tid"),
+                                   e.get("name"), e.get("cat")))
+        elif ph == "M":
+            self.metadata.append(e)
+        else:
+            self.skipped[f"phase {ph[:8]!r}"] += 1
+
+    # ------------------------------------------------------------ rows -> arrays
+    def _flush(self, end_us: dict[int, float] | None = None) -> None:
+        """Check and convert the pending rows into one batch of arrays; drop bad rows."""
+        n = len(self.kind)
+        if not n:
+            return
+        start_us, bad_ts = _float_column(self.ts)
+        dur_us, bad_dur = _float_column(self.dur)
+        keep = np.ones(n, dtype=bool)
+        self._drop(keep, bad_ts | ~np.isfinite(start_us), "missing or non-numeric ts")
+        self._drop(keep, np.abs(np.nan_to_num(start_us)) >= US_LIMIT, "ts out of range")
+        self._drop(keep, bad_dur | ~np.isfinite(dur_us), "missing or non-numeric dur")
+        self._drop(keep, np.nan_to_num(dur_us) < 0, "negative dur")
+        self._drop(keep, np.nan_to_num(dur_us) >= US_LIMIT, "dur out of range")
+        start_ns = us_to_ns(np.where(keep, start_us, 0.0))
+        end_ns = start_ns + us_to_ns(np.where(keep, dur_us, 0.0))
+        if end_us:
+            rows = np.fromiter(end_us.keys(), dtype=np.int64, count=len(end_us))
+            end_ns[rows] = us_to_ns(np.fromiter(end_us.values(), dtype=np.float64, count=len(rows)))
+        on_gpu = np.zeros(n, dtype=bool)
+        on_gpu[self.gpu_rows] = True
+        batch: dict[str, Any] = {
+            "kind": _str_column(self.kind),
+            "category": _str_column(self.cat),
+            "name": _str_column(self.name),
+            "start_ns": pa.array(start_ns, pa.int64()),
+            "end_ns": pa.array(end_ns, pa.int64()),
+            "on_gpu": pa.array(on_gpu),
+        }
+        raw = {"device": self.device, "stream": self.stream, "pid": self.pid, "tid": self.tid, "correlation": self.corr}
+        for column, typ, names in _ID_COLUMNS:
+            batch[column] = _id_column(raw[column], typ, self.id_names.get(names) if names else None, column)
+        sparse = {"coll_name": self.coll_name, "coll_group": self.coll_group, "coll_seq": self.coll_seq, "bytes": self.nbytes}
+        for column, typ in _SPARSE_COLUMNS:
+            batch[column] = _sparse(sparse[column], n, typ)
+        if not keep.all():
+            mask = pa.array(keep)
+            batch = {k: v.filter(mask) for k, v in batch.items()}
+        self._batches.append(batch)
+        self._new_rows()
+
+    def _drop(self, keep: np.ndarray, bad: np.ndarray, why: str) -> None:
+        bad = bad & keep
+        if bad.any():
+            keep &= ~bad
+            for kind, count in Counter(k for k, b in zip(self.kind, bad) if b).items():
+                self.dropped[(why, kind)] += count
+
+    # ------------------------------------------------------------ B/E pairing
+    def pair_begin_end(self) -> list[str]:
+        """Pair B/E events per (pid, tid) as a stack (Chrome semantics) into spans."""
+        warnings: list[str] = []
+        by_thread: dict[tuple, list] = defaultdict(list)
+        bad_ts = 0
+        for item in self.begin_end:
+            ts = item[0]
+            if type(ts) not in (int, float) or ts != ts or abs(ts) >= US_LIMIT:
+                bad_ts += 1
+                continue
+            by_thread[(_hashable(item[3]), _hashable(item[4]))].append(item)
+        self.begin_end = []
+        unmatched_end = unclosed = 0
+        end_us: dict[int, float] = {}
+        for events in by_thread.values():
+            events.sort(key=lambda item: (item[0], item[1]))
+            stack: list[tuple] = []
+            for item in events:
+                if item[2]:
+                    stack.append(item)
+                elif stack:
+                    self._span(stack.pop(), item[0], end_us)
+                else:
+                    unmatched_end += 1
+            unclosed += len(stack)
+            while stack:
+                self._span(stack.pop(), events[-1][0], end_us)
+        self._flush(end_us)
+        if bad_ts:
+            self.skipped["B/E with bad ts"] += bad_ts
+            warnings.append(f"skipped {bad_ts} B/E events with a missing or non-numeric ts")
+        if unmatched_end:
+            self.skipped["E without B"] += unmatched_end
+            warnings.append(f"skipped {unmatched_end} E events with no open B on their thread")
+        if unclosed:
+            warnings.append(f"{unclosed} B events never ended: closed at their thread's last event")
+        return warnings
+
+    def _span(self, begin: tuple, end_ts: float, end_us: dict[int, float]) -> None:
+        row = len(self.kind)
+        ts, _, _, pid, tid, name, cat = begin
+        self._rows(({"ph": "X", "dur": 0, "ts": ts, "pid": pid, "tid": tid, "name": name, "cat": cat},))
+        end_us[row] = end_ts
+
+    # ------------------------------------------------------------ the table
+    def table(self, source: str, base_ns: int, labelled_cpu_pids: list[int]) -> tuple[pa.Table, int | None, list[str]]:
+        """(schema table with rank left null for the loader, host pid, warnings about dropped rows).
+
+        GPU rows get the host process's pid: the one Kineto labels "CPU", else the
+        busiest caller of runtime APIs. ``base_ns`` is added to every time.
+        """
+        self._flush()
+        batches = self._batches
+        self._batches = []
+
+        def column(name: str, typ: pa.DataType) -> pa.ChunkedArray:
+            return pa.chunked_array([b[name] for b in batches], typ)
+
+        kind = column("kind", pa.string())
+        pid = column("pid", pa.int64())
+        host_pid = _host_pid(kind, pid, labelled_cpu_pids)
+        if host_pid is not None:
+            pid = pc.if_else(column("on_gpu", pa.bool_()), pa.scalar(host_pid, pa.int64()), pid)
+        n = len(kind)
+        columns: dict[str, Any] = {
+            "source": pa.chunked_array([pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(n, dtype=np.int8)), pa.array([source])).cast(pa.string())]),
+            "kind": kind,
+            "pid": pid,
+            "start_ns": pc.add(column("start_ns", pa.int64()), base_ns),  # |base| < 2**62, |t| < 2**62: no overflow
+            "end_ns": pc.add(column("end_ns", pa.int64()), base_ns),
+        }
+        for name in ("name", "category", "coll_name", "coll_group"):
+            columns[name] = column(name, pa.string())
+        for name, typ, _ in _ID_COLUMNS:
+            columns.setdefault(name, column(name, typ))
+        for name, typ in _SPARSE_COLUMNS:
+            columns.setdefault(name, column(name, typ))
+        arrays = [columns[f.name] if f.name in columns else pa.chunked_array([pa.nulls(n, f.type)]) for f in S.ARROW_SCHEMA]
+        table = pa.Table.from_arrays(arrays, schema=S.ARROW_SCHEMA)
+        warnings = []
+        by_why: dict[str, Counter] = defaultdict(Counter)
+        for (why, kind_name), count in self.dropped.items():
+            by_why[why][kind_name] += count
+        for why, kinds in by_why.items():
+            detail = ", ".join(f"{k} {c}" for k, c in kinds.most_common())
+            warnings.append(f"skipped {sum(kinds.values())} events with {why} ({detail})")
+            self.skipped[why] += sum(kinds.values())
+        return table, host_pid, warnings
+
+
+def _host_pid(kind: pa.ChunkedArray, pid: pa.ChunkedArray, labelled_cpu_pids: list[int]) -> int | None:
+    if len(labelled_cpu_pids) == 1:
+        return labelled_cpu_pids[0]
+    runtime_pids = pid.filter(pc.equal(kind, S.RUNTIME))
+    counts = {d["values"]: d["counts"] for d in pc.value_counts(runtime_pids.drop_null()).to_pylist()}
+    if not counts:
+        counts = {d["values"]: d["counts"] for d in pc.value_counts(pid.drop_null()).to_pylist()}
+    if labelled_cpu_pids:
+        counts = {p: counts.get(p, 0) for p in labelled_cpu_pids}
+    return max(counts, key=lambda p: counts[p]) if counts else None
+
+
+def _hashable(value: Any) -> Any:
+    return value if type(value) in (int, str, float, type(None)) else repr(value)
+
+
+def _float_column(values: list) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 values, mask of entries that were not numbers)."""
+    n = len(values)
+    if set(map(type, values)) <= {int, float}:
+        try:
+            return np.array(values, dtype=np.float64), np.zeros(n, dtype=bool)
+        except OverflowError:
+            pass
+    out = np.empty(n, dtype=np.float64)
+    bad = np.zeros(n, dtype=bool)
+    for i, v in enumerate(values):
+        if type(v) in (int, float):
+            try:
+                out[i] = v
+                continue
+            except OverflowError:
+                pass
+        out[i] = np.nan
+        bad[i] = True
+    return out, bad
+
+
+def _str_column(values: list) -> pa.Array:
+    try:
+        return pa.array(values, pa.string())
+    except (pa.ArrowException, TypeError, ValueError, UnicodeError):
+        return pa.array([_as_text(v) for v in values], pa.string())
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        value = str(value)
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def _id_column(values: list, typ: pa.DataType, names: dict | None, what: str) -> pa.Array:
+    """Integer ids; numeric strings become ints, other strings a stable hash (named in ``names``)."""
+    try:
+        return pa.array(values, typ)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        pass
+    lo, hi = (-(1 << 31), (1 << 31) - 1) if typ == pa.int32() else (-(1 << 63), INT63)
+    fixed = list(values)
+    for i in [i for i, v in enumerate(values) if type(v) not in _INT_OR_NONE]:
+        fixed[i] = _as_id(values[i], lo, hi, names, what)
+    try:
+        return pa.array(fixed, typ)
+    except (pa.ArrowException, OverflowError):  # ints beyond the column's range
+        return pa.array([v if v is None or lo <= v <= hi else None for v in fixed], typ)
+
+
+def _as_id(v: Any, lo: int, hi: int, names: dict | None, what: str) -> int | None:
+    i = as_int(v) if type(v) is not bool else None
+    if i is None and isinstance(v, str) and v:
+        if what in ("stream", "device"):
+            i = as_int(v.rsplit(" ", 1)[-1])  # Kineto's old "stream 7" / "GPU 0" labels
+        if i is None and names is not None:
+            i = stable_id(v)
+            if len(names) < 10_000:
+                names[str(i)] = v[:200]
+    return i if i is not None and lo <= i <= hi else None
+
+
+def _sparse(values: dict[int, Any], n: int, typ: pa.DataType) -> pa.Array:
+    if not values:
+        return pa.nulls(n, typ)
+    full: list = [None] * n
+    for row, v in values.items():
+        full[row] = v
+    if typ == pa.string():
+        return _str_column(full)
+    return _id_column(full, typ, None, "value")

@@ -1,0 +1,174 @@
+"""``simulate()``: compute a DEP-N timeline and write per-rank traces plus truth.json.
+
+Pass 1 runs all ranks vectorised to fix the cross-rank sync ends and the truth; pass 2 writes
+ranks in groups (a process pool when there are several groups), each group recomputing its own
+timeline from the same per-rank random streams (see model.py). With one group (N <= group_size)
+both happen in a single pass.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import orjson
+
+from profkit.simulate import identity as ident_mod
+from profkit.simulate.clock import CONVENTION, host_clocks
+from profkit.simulate.config import INJECT_KINDS, Inject, SimConfig
+from profkit.simulate.identity import SPAN_NAMES, RankIdentity, identities
+from profkit.simulate.kineto import KinetoRankWriter
+from profkit.simulate.kineto import file_name as kineto_file
+from profkit.simulate.model import ChunkResult, Coupling, Timeline
+from profkit.simulate.nsys import NsysRankWriter
+from profkit.simulate.nsys import file_name as nsys_file
+from profkit.simulate.truth import Truth
+
+EXPERT_LOADS_FILE = "expert_loads.json"
+
+
+def simulate(
+    ranks: int,
+    steps: int,
+    seed: int,
+    out_dir: Path | str,
+    fmt: str = "kineto",
+    injects: Iterable[Inject] = (),
+    **options,
+) -> Truth:
+    """Write ``ranks`` traces of ``steps`` engine steps into ``out_dir``; return (and write) the truth.
+
+    ``options`` are further SimConfig fields (layers, ranks_per_host, offset_ms_max,
+    drift_ppm_max, cpu_scale, group_size, workers, chunk_steps, ...). Same arguments, same bytes.
+    """
+    wall0 = time.perf_counter()
+    cfg = SimConfig(ranks=ranks, steps=steps, seed=seed, fmt=fmt, injects=tuple(injects), **options)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    clocks = host_clocks(seed, cfg.hosts, cfg.offset_ms_max, cfg.drift_ppm_max, cfg.start_epoch_ns)
+    who = identities(cfg, clocks)
+    timeline = Timeline(cfg)
+    coupling = timeline.new_coupling()
+    acc = _TruthAccumulator(cfg)
+    all_ranks = np.arange(cfg.ranks)
+    groups = [all_ranks[i:i + cfg.group_size] for i in range(0, cfg.ranks, cfg.group_size)]
+    if len(groups) == 1:
+        _write_group(cfg, groups[0], coupling, who, out, acc, timeline)
+    else:
+        for res in timeline.run(all_ranks, coupling):
+            acc.add(res)
+        workers = cfg.workers or min(os.cpu_count() or 1, len(groups))
+        if workers <= 1:
+            for grp in groups:
+                _write_group(cfg, grp, coupling, who, out, None, None)
+        else:
+            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                futures = [pool.submit(_write_group, cfg, grp, coupling, who, out, None, None) for grp in groups]
+                for fut in futures:
+                    fut.result()
+    truth = acc.finish(coupling, who, out)
+    truth.wall_s = round(time.perf_counter() - wall0, 3)
+    truth.write(out / "truth.json")
+    return truth
+
+
+def _write_group(
+    cfg: SimConfig,
+    ranks: np.ndarray,
+    coupling: Coupling,
+    who: list[RankIdentity],
+    out: Path,
+    acc: "_TruthAccumulator | None",
+    timeline: Timeline | None,
+) -> None:
+    """Recompute the timeline of ``ranks`` and stream it into one writer per rank."""
+    timeline = timeline or Timeline(cfg)
+    writer_cls = KinetoRankWriter if cfg.fmt == "kineto" else NsysRankWriter
+    writers = [writer_cls(out, cfg, timeline.prog, who[int(r)]) for r in ranks]
+    try:
+        for res in timeline.run(ranks, coupling):
+            if acc is not None:
+                acc.add(res)
+            for gi, w in enumerate(writers):
+                w.write_chunk(res, gi)
+    finally:
+        for w in writers:
+            w.close()
+
+
+class _TruthAccumulator:
+    """Collects truth from pass-1 chunks (all ranks) without keeping the timeline."""
+
+    def __init__(self, cfg: SimConfig):
+        self.cfg = cfg
+        self.rows: list[list] = []
+        self.loads = np.zeros((cfg.steps, cfg.layers, cfg.ranks), dtype=np.int64)
+        self.step_b = np.zeros(cfg.steps, dtype=np.int64)
+        self.step_e = np.zeros(cfg.steps, dtype=np.int64)
+
+    def add(self, res: ChunkResult) -> None:
+        s0, n = res.step0, res.n
+        for kind in INJECT_KINDS:
+            arr = res.delay_ns[kind]
+            for gi, j in zip(*np.nonzero(arr)):
+                self.rows.append([s0 + int(j), int(res.ranks[gi]), kind, int(arr[gi, j])])
+        self.loads[s0:s0 + n, :, res.ranks] = res.loads.transpose(1, 2, 0)
+        self.step_b[s0:s0 + n] = res.spans["step_b"].min(axis=0)
+        self.step_e[s0:s0 + n] = res.spans["step_e"].max(axis=0)
+
+    def finish(self, coupling: Coupling, who: list[RankIdentity], out: Path) -> Truth:
+        cfg = self.cfg
+        self.rows.sort(key=lambda r: (r[0], r[1], r[2]))
+        causes = []
+        for inj in cfg.injects:
+            steps = inj.steps(cfg.steps)
+            applied = [r[3] for r in self.rows if r[1] == inj.rank and r[2] == inj.kind]
+            ms = inj.ms_per_step if inj.factor is None else (sum(applied) / max(len(steps), 1) / 1e6)
+            causes.append({
+                "kind": inj.kind, "rank": inj.rank, "steps": steps, "ms": round(ms, 6), "every": inj.every,
+                "total_ns": int(sum(applied)), **({"factor": inj.factor} if inj.factor is not None else {}),
+            })
+        (out / EXPERT_LOADS_FILE).write_bytes(orjson.dumps({
+            "layout": "tokens[step][layer][rank]: tokens routed to the experts hosted on each rank",
+            "steps": cfg.steps, "layers": cfg.layers, "ranks": cfg.ranks, "topk": cfg.topk,
+            "tokens": self.loads,
+        }, option=orjson.OPT_SERIALIZE_NUMPY))
+        file_of = kineto_file if cfg.fmt == "kineto" else nsys_file
+        params = {
+            "ranks": cfg.ranks, "steps": cfg.steps, "seed": cfg.seed, "format": cfg.fmt, "layers": cfg.layers,
+            "ranks_per_host": cfg.ranks_per_host, "hosts": cfg.hosts, "batch_per_rank": cfg.batch_per_rank,
+            "topk": cfg.topk, "offset_ms_max": cfg.offset_ms_max, "drift_ppm_max": cfg.drift_ppm_max,
+            "cpu_scale": cfg.cpu_scale, "start_epoch_ns": cfg.start_epoch_ns,
+            "injects": [inj.to_json() for inj in cfg.injects],
+        }
+        return Truth(
+            params=params,
+            convention=CONVENTION,
+            t0_ns=cfg.start_epoch_ns,
+            offsets_ns=[w.clock.offset_ns for w in who],
+            drift_ppm=[w.clock.drift_ppm for w in who],
+            hosts=[w.host for w in who],
+            devices=[w.device for w in who],
+            pids=[w.pid for w in who],
+            stragglers=sorted({inj.rank for inj in cfg.injects}),
+            causes=causes,
+            injected_delay_ns={"columns": ["step", "rank", "kind", "delay_ns"], "rows": self.rows},
+            sync={
+                "dp_allreduce_end_ns": coupling.dp_end_ns.tolist(),
+                "collective_end_ns": coupling.coll_end_ns.tolist(),
+                "collective_order": "per step: dispatch(layer 0), combine(layer 0), dispatch(layer 1), ...",
+                "ep_seq_base": ident_mod.EP_SEQ_BASE,
+                "dp_seq_base": ident_mod.DP_SEQ_BASE,
+                "ep_group": ident_mod.PG_EP,
+                "dp_group": ident_mod.PG_DP_CPU,
+            },
+            steps_true_ns=[[int(b), int(e)] for b, e in zip(self.step_b, self.step_e)],
+            span_names=dict(SPAN_NAMES),
+            files=[file_of(r) for r in range(cfg.ranks)],
+            expert_loads_file=EXPERT_LOADS_FILE,
+        )
