@@ -27,7 +27,7 @@ class StepMarker:
 
 BUILTIN_MARKERS = (
     StepMarker("engine_step", re.compile(r"^(?:EngineCore\.step|EngineCore\.step_with_batch_queue|profkit\.step)$")),
-    StepMarker("vllm", re.compile(r"^execute_(?:\d+_)?context_\d+\(.*\)_generation_\d+\(.*\)$")),
+    StepMarker("vllm", re.compile(r"^execute_context_\d+\(.*\)_generation_\d+\(.*\)$")),
     StepMarker("sglang", re.compile(r"^step\[.*\]$")),
     StepMarker("profiler_step", re.compile(r"^ProfilerStep#\d+$")),
 )
