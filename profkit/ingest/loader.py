@@ -230,7 +230,18 @@ def load(
     return _assemble(kept, skipped, warnings)
 
 
+def _gpu_event_count(table: pa.Table) -> int:
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.is_in(table["kind"], value_set=pa.array(schema.GPU_KINDS))).as_py() or 0)
+
+
 def _assemble(parts: list[RankPart], skipped: list[str], warnings: list[str]) -> Capture:
+    for p in parts:
+        if p.table.num_rows == 0:
+            warnings.append(f"{p.label}: no events (rank {p.rank})")
+        elif _gpu_event_count(p.table) == 0:
+            warnings.append(f"{p.label}: no GPU events (rank {p.rank}): host-side facts only, no GPU timeline")
     tables = [cache.table_with_rank(p.table, p.rank) for p in parts]
     table = pa.concat_tables(tables) if tables else schema.ARROW_SCHEMA.empty_table()
     events = schema.to_frame(table)
