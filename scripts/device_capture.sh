@@ -68,7 +68,7 @@ torch_capture() {  # torch_capture NAME [engine args...]
   local name=$1; shift
   local dir=$WORK/$name
   mkdir -p "$dir"
-  timeout 420 "${ENGINE[@]}" --out "$dir" --truth "$dir/truth.json" \
+  timeout 150 "${ENGINE[@]}" --out "$dir" --truth "$dir/truth.json" \
     --torch-profile "$dir/trace" --profile-steps "$A:$B" "$@" || { echo "FAILED: $name"; FAILED=$((FAILED + 1)); }
   pack "$name" "$dir"
 }
@@ -78,12 +78,12 @@ nsys_capture() {  # nsys_capture NAME [engine args...]
   local dir=$WORK/$name
   mkdir -p "$dir"
   if [ ! -x "$NSYS" ]; then echo "FAILED: $name (no nsys at $NSYS)"; FAILED=$((FAILED + 1)); return; fi
-  timeout 480 "$NSYS" profile -t cuda,nvtx,osrt --trace-fork-before-exec=true \
+  timeout 200 "$NSYS" profile -t cuda,nvtx,osrt --trace-fork-before-exec=true \
     --capture-range=cudaProfilerApi --capture-range-end=stop -o "$dir/$name" -f true \
     "${ENGINE[@]}" --out "$dir" --truth "$dir/truth.json" --cuda-profiler-steps "$A:$B" "$@" \
     || { echo "FAILED: $name (profile)"; FAILED=$((FAILED + 1)); }
   if [ -f "$dir/$name.nsys-rep" ]; then
-    timeout 300 "$NSYS" export --type sqlite -o "$dir/$name.sqlite" -f true "$dir/$name.nsys-rep" \
+    timeout 120 "$NSYS" export --type sqlite -o "$dir/$name.sqlite" -f true "$dir/$name.nsys-rep" \
       || { echo "FAILED: $name (export)"; FAILED=$((FAILED + 1)); }
   fi
   pack "$name" "$dir" "$dir/$name.nsys-rep"

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 SAMPLE_TRACES = Path(__file__).resolve().parents[2] / "sample_traces"
-DEFAULT_SAMPLE = "default"
+DEFAULT_SAMPLE = "engine-dep2-h200/torch_straggler"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
         paths = [run_live(Path(out) / "capture")]
     else:
         folder = sample_path(args.sample)
-        readme = folder / "README.md"
-        if readme.is_file():
+        readme = next((d / "README.md" for d in (folder, folder.parent) if (d / "README.md").is_file()), None)
+        if readme is not None:
             first = readme.read_text().strip().splitlines()[0].lstrip("# ")
             print(f"sample: {folder.name}: {first}\n", file=sys.stderr)
         paths = [folder]

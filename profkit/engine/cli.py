@@ -96,7 +96,8 @@ def make_config(args: argparse.Namespace, argv: list[str]) -> EngineConfig:
     out = args.out or tempfile.mkdtemp(prefix="profkit-engine-")
     Path(out).mkdir(parents=True, exist_ok=True)
     return EngineConfig(
-        ranks=args.ranks, steps=args.steps, device=args.device, seed=args.seed, out_dir=str(Path(out).resolve()),
+        ranks=args.ranks, steps=args.steps, device=args.device, seed=args.seed,
+        out_dir=str(Path(out).resolve()),
         faults=list(args.inject), size=size,
         torch_profile_dir=str(Path(args.torch_profile).resolve()) if args.torch_profile else None,
         profile_steps=args.profile_steps, cuda_profiler_steps=args.cuda_profiler_steps,
@@ -150,8 +151,13 @@ def summarize(cfg: EngineConfig, timings: dict[int, list[dict]]) -> str:
             kinds.setdefault(kind, []).append(step)
         med = f"{statistics.median(ms):9.2f}" if ms else f"{'-':>9}"
         mx = f"{max(ms):8.2f}" if ms else f"{'-':>8}"
-        lines.append(f"{rank:>4} {len(recs):>5} {med} {mx}  " + "; ".join(f"{k} {v}" for k, v in kinds.items()))
+        fired_text = "; ".join(f"{k} {v}" for k, v in kinds.items())
+        lines.append(f"{rank:>4} {len(recs):>5} {med} {mx}  {fired_text}")
     return "\n".join(lines)
+
+
+def _maybe_list(window: tuple[int, int] | None) -> list[int] | None:
+    return list(window) if window else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.truth:
         truth = build_truth(cfg.faults, timings, command=cfg.command, ranks=cfg.ranks, steps=cfg.steps,
                             device=device_name(cfg), seed=cfg.seed, split_procs=cfg.split_procs,
-                            profile_steps=list(cfg.profile_steps) if cfg.profile_steps else None,
-                            cuda_profiler_steps=list(cfg.cuda_profiler_steps) if cfg.cuda_profiler_steps else None,
+                            profile_steps=_maybe_list(cfg.profile_steps),
+                            cuda_profiler_steps=_maybe_list(cfg.cuda_profiler_steps),
                             out_dir=cfg.out_dir, exit_status=status,
                             size=vars(cfg.size) | {"num_experts": cfg.num_experts})
         write_truth(args.truth, truth)

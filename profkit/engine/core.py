@@ -5,6 +5,22 @@ One step, as in vLLM: ``Scheduler.schedule`` -> ``sync_dp_padding`` (Gloo MAX al
 Every step appends one JSON line to ``rank{r}.steps.jsonl`` (flushed, so a crash keeps the steps
 before it). With ``--split-procs`` the scheduler runs in this process and the model in a worker
 child process, talking over multiprocessing queues like vLLM's ``MultiprocExecutor``.
+
+A step record (one JSON object per line; all times int64 ns):
+    rank, step; start_wall_ns/end_wall_ns (time.time_ns) and start_mono_ns/end_mono_ns
+    (time.monotonic_ns) read at the same instants, so either clock maps onto the other; step_ns;
+    phase_ns: span name -> summed duration. Top-level phases (siblings inside EngineCore.step):
+      gc, Scheduler.schedule, sync_dp_padding, execute_model, sample_tokens, update_from_output
+      (split-procs: MultiprocExecutor.execute_model / .sample_tokens on the engine side, the
+      worker's own phases merged in); nested in execute_model: prepare_inputs and, summed over
+      layers, attn, router, moe_dispatch, experts, moe_combine. Time in EngineCore.step outside
+      the top-level phases is unannotated (the ``sleep`` fault lands there).
+    num_tokens, padded_tokens (DP max), n_prefill, prefill_tokens, n_decode, decode_tokens,
+    annotation (vLLM's execute_context_..._generation_...), finished, running, waiting;
+    expert_loads[layer][expert]: tokens (x top-k) this rank's router sent to each global expert;
+    expert_recv[layer][local expert]: token rows this rank's experts computed;
+    faults: [{kind, spec (index in the run's --inject list), ms, measured_ns, ...}] that fired.
+``rank{r}.engine.json`` (and ``.worker.json``) hold pid, host, device and a clock anchor.
 """
 from __future__ import annotations
 
@@ -73,7 +89,10 @@ class Profiling:
                 acts = [torch.profiler.ProfilerActivity.CPU]
                 if self.device.type == "cuda":
                     acts.append(torch.profiler.ProfilerActivity.CUDA)
-                self.prof = torch.profiler.profile(activities=acts)
+                try:  # one window, so keep its events (silences a torch >= 2.5 warning)
+                    self.prof = torch.profiler.profile(activities=acts, acc_events=True)
+                except TypeError:
+                    self.prof = torch.profiler.profile(activities=acts)
                 self.prof.start()
         if cfg.cuda_profiler_steps and self.device.type == "cuda":
             a, b = cfg.cuda_profiler_steps

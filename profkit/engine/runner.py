@@ -84,7 +84,8 @@ class GPUModelRunner:
 
     def _hot_ids(self, rank: int) -> list[int]:
         s = self.cfg.size
-        return list(range(rank * s.experts_per_rank, rank * s.experts_per_rank + min(s.topk, s.experts_per_rank)))
+        first = rank * s.experts_per_rank
+        return list(range(first, first + min(s.topk, s.experts_per_rank)))
 
     def sample_tokens(self) -> list[int]:
         """Greedy sampling of each request's last position; ``.cpu()`` is the step's host sync."""

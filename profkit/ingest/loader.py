@@ -20,7 +20,10 @@ from profkit.ingest.base import RankPart
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".qdrep")
 # files a capture folder holds that are not traces
-NOT_TRACES = re.compile(r"^(manifest|truth|summary|alignment)\.json$|\.timings\.|^steps\.|^causes\.|^stragglers\.")
+NOT_TRACES = re.compile(
+    r"^(manifest|truth|summary|alignment|expert_loads)\.json$|\.timings\.|^steps\.|^causes\.|^stragglers\."
+    r"|^rank\d+\.(engine|worker)\.json$"  # the bundled engine's per-process identity files
+)
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?=[^0-9]|$)", re.IGNORECASE)
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -218,16 +221,36 @@ def load(
             part.rank, part.rank_origin = next_free, "order"
             used.add(next_free)
             warnings.append(f"{part.label}: no rank in metadata or file name; assigned rank {next_free} by input order")
-    claimed: dict[tuple[int, str], RankPart] = {}
     kept: list[RankPart] = []
     for part in loaded:
-        owner = claimed.get((part.rank, part.source))
+        owner = next((k for k in kept if _conflict(k, part)), None)
         if owner is not None:
             skipped.append(str(DuplicateRankError(part.rank, owner.label, part.label)))
             continue
-        claimed[(part.rank, part.source)] = part
         kept.append(part)
     return _assemble(kept, skipped, warnings)
+
+
+def _conflict(a: RankPart, b: RankPart) -> bool:
+    """Two parts of one source claim one rank in a way that cannot be merged.
+
+    One DP rank legitimately spans processes (vLLM's engine-core process schedules, its
+    worker runs the GPU), so parts merge unless both carry GPU activity or share a process.
+    """
+    if a.rank != b.rank or a.source != b.source:
+        return False
+    if _gpu_event_count(a.table) and _gpu_event_count(b.table):
+        return True
+    return bool(_pids(a.table) & _pids(b.table))
+
+
+_MAX_OS_PID = 1 << 22  # Linux pid_max ceiling; larger values are readers' hashes of names like "Spans"
+
+
+def _pids(table: pa.Table) -> set[int]:
+    import pyarrow.compute as pc
+
+    return {p for p in pc.unique(table["pid"]).to_pylist() if p is not None and 0 < p <= _MAX_OS_PID}
 
 
 def _gpu_event_count(table: pa.Table) -> int:
@@ -237,11 +260,15 @@ def _gpu_event_count(table: pa.Table) -> int:
 
 
 def _assemble(parts: list[RankPart], skipped: list[str], warnings: list[str]) -> Capture:
+    gpu_by_rank: dict[int, int] = {}
     for p in parts:
+        gpu_by_rank[p.rank] = gpu_by_rank.get(p.rank, 0) + _gpu_event_count(p.table)
         if p.table.num_rows == 0:
             warnings.append(f"{p.label}: no events (rank {p.rank})")
-        elif _gpu_event_count(p.table) == 0:
-            warnings.append(f"{p.label}: no GPU events (rank {p.rank}): host-side facts only, no GPU timeline")
+    for rank, n_gpu in sorted(gpu_by_rank.items()):
+        if n_gpu == 0:
+            files = ", ".join(p.label for p in parts if p.rank == rank)
+            warnings.append(f"{files}: no GPU events (rank {rank}): host-side facts only, no GPU timeline")
     tables = [cache.table_with_rank(p.table, p.rank) for p in parts]
     table = pa.concat_tables(tables) if tables else schema.ARROW_SCHEMA.empty_table()
     events = schema.to_frame(table)
