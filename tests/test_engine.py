@@ -141,18 +141,20 @@ def test_truth_lists_exact_steps(faulty):
 
 @pytest.mark.parametrize("kind,rank,start", FAULTS, ids=[f[0] for f in FAULTS])
 def test_fault_visible_in_step_times(clean, faulty, kind, rank, start):
-    """The fault shows in its phase, the faulty rank's step is slower than its clean median by
-    most of the fault's measured time, and the other ranks wait for it at the next collective."""
+    """The fault shows in its phase, the faulty rank's step holds the whole fault on top of at
+    least half its fastest clean step, and the other ranks wait for it at the next collective."""
     clean_t, _ = clean
     timings, truth, _ = faulty
     steps = next(c["steps"] for c in truth["causes"] if c["kind"] == kind)
-    base = statistics.median(r["step_ns"] for r in clean_t[rank])
+    # the fastest clean step of this rank: a floor for the step's own work that CPU contention
+    # on a shared 2-core machine cannot push up (a median from another run can be inflated)
+    floor = min(r["step_ns"] for r in clean_t[rank])
     ns = MS * 1e6
     for step in steps:
         rec = timings[rank][step]
         (event,) = [e for e in rec["faults"] if e["kind"] == kind]
         assert event["measured_ns"] >= (0.5 if kind == "gc" else 0.95) * ns  # gc: calibrated, not exact
-        assert rec["step_ns"] - base >= 0.6 * event["measured_ns"], (step, rec["step_ns"], base)
+        assert rec["step_ns"] >= event["measured_ns"] + 0.5 * floor, (step, rec["step_ns"], floor)
         phases = rec["phase_ns"]
         if kind == "sleep":  # unannotated time inside the step
             gap = phases["EngineCore.step"] - sum(phases.get(k, 0) for k in TOP_LEVEL)

@@ -20,8 +20,7 @@ import sys
 import threading
 import types
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from . import identity
 from .wrappers import PreHook, wrap
@@ -37,13 +36,15 @@ class HookWarning(RuntimeWarning):
     """A hook target could not be patched (missing, or not a function)."""
 
 
-@dataclass(frozen=True)
-class HookSpec:
+class HookSpec(NamedTuple):
+    """One target. ``learn`` reads identity facts from the call until the rank is known; ``pre``
+    runs before each call's span opens (e.g. a step counter)."""
+
     target: str  # "package.module:Qualname.attr"
     name: str  # span name
     category: str = "profkit"
-    learn: Learner | None = None  # identity from the call (until the rank is known)
-    pre: PreHook | None = None  # runs before each call's span opens
+    learn: Learner | None = None
+    pre: PreHook | None = None
 
     @property
     def module(self) -> str:
@@ -63,8 +64,7 @@ def hook_specs(table: HookTable | Iterable[HookSpec]) -> list[HookSpec]:
         items: list[HookSpec] = []
         for target, value in table.items():
             if isinstance(value, HookSpec):
-                items.append(value if value.target == target else HookSpec(target, value.name, value.category,
-                                                                           value.learn, value.pre))
+                items.append(value if value.target == target else value._replace(target=target))
             elif isinstance(value, str):
                 items.append(HookSpec(target, value))
             else:
@@ -78,15 +78,17 @@ def hook_specs(table: HookTable | Iterable[HookSpec]) -> list[HookSpec]:
     return items
 
 
-@dataclass
 class Patch:
-    spec: HookSpec
-    owner: Any  # module or class holding the attribute
-    attr: str
-    previous: Any  # the exact object the attribute held, or _ABSENT (inherited)
-    installed: Any  # what we set (the wrapper, or staticmethod/classmethod of it)
-    module: types.ModuleType
-    active: bool = True
+    """One applied hook: ``previous`` is the exact object the attribute held (``_ABSENT`` if it
+    was inherited), ``installed`` what we set (the wrapper, or staticmethod/classmethod of it)."""
+
+    __slots__ = ("spec", "owner", "attr", "previous", "installed", "module", "active", "__weakref__")
+
+    def __init__(self, spec: HookSpec, owner: Any, attr: str, previous: Any, installed: Any,
+                 module: types.ModuleType):
+        self.spec, self.owner, self.attr = spec, owner, attr
+        self.previous, self.installed, self.module = previous, installed, module
+        self.active = True
 
 
 # -- the import-time finder -----------------------------------------------------------------------
@@ -221,10 +223,9 @@ def _restorable(value: Any) -> Any:
     if isinstance(value, (staticmethod, classmethod)):
         inner = _restorable(value.__func__)
         return value if inner is value.__func__ else type(value)(inner)
-    changed = False
     while isinstance(getattr(value, "__profkit_patch__", None), Patch) and not value.__profkit_patch__.active:
-        value, changed = value.__wrapped__, True
-    return value if changed or True else value
+        value = value.__wrapped__
+    return value
 
 
 def _learning_pre(learn: Learner) -> PreHook:
@@ -338,8 +339,7 @@ class Hooks:
             raw = getattr(owner, attr, _MISSING)
             here = True
         if raw is _MISSING:
-            return self._missing(spec, f"{module.__name__}.{'.'.join(parts[:-1]) or ''}"
-                                       f"{'.' if len(parts) > 1 else ''}{attr} does not exist".replace("..", "."))
+            return self._missing(spec, f"{module.__name__}.{spec.qualname} does not exist")
         kind: type | None = None
         fn = raw
         if isinstance(raw, (staticmethod, classmethod)):

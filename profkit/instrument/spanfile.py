@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from typing import Any, Sequence
@@ -47,7 +46,7 @@ class SpanFile:
         self.out_dir = out_dir
         self.pid = pid
         self.path = os.path.join(out_dir, file_name(pid))
-        self.host = platform.node()
+        self.host = os.uname().nodename
         self._strings = strings
         self._start_anchor = start_anchor
         self._fd: int | None = None
@@ -90,7 +89,7 @@ class SpanFile:
     def _header(self, identity: dict[str, Any], anchor: tuple[int, int]) -> str:
         header = {HEADER_KEY: FORMAT_VERSION, "pid": self.pid, "host": self.host, **identity,
                   "clock": "monotonic", "anchors": [list(self._start_anchor), list(anchor)],
-                  "profkit_version": _profkit_version(), "python": platform.python_version()}
+                  "profkit_version": _profkit_version(), "python": sys.version.split()[0]}
         return json.dumps(header, separators=(",", ":")) + "\n"
 
     def _write_line(self, text: str) -> None:
