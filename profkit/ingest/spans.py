@@ -186,7 +186,7 @@ def read_spans(path: str | Path) -> list[RankPart]:
         "category": categories,
         "start_ns": (start + offset)[order],
         "end_ns": (end + offset)[order],
-        "pid": np.full(n, pid if pid is not None else -1, dtype=np.int64) if pid is not None else [None] * n,
+        "pid": np.full(n, int(pid), dtype=np.int64) if pid is not None else [None] * n,
         "tid": spans[order, 4],
     })
     rank = parsed.identity.get("rank")

@@ -35,17 +35,23 @@ ENGINE: dict[str, tuple[str, str]] = {
 STEP_TARGETS = (f"{RUNNER}:Worker.execute_model",)
 
 
-def _self_rank(args: tuple, kwargs: dict) -> dict[str, Any] | None:
-    rank = getattr(args[0], "rank", None) if args else None
-    if rank is None and args:  # Worker keeps it on its runner
-        rank = getattr(getattr(args[0], "runner", None), "rank", None)
-    if rank is None:
-        return None
-    return {"rank": int(rank), "dp_rank": int(rank), "ep_rank": int(rank)}
+def _self_rank(role: str):
+    def learn(args: tuple, kwargs: dict) -> dict[str, Any] | None:
+        rank = getattr(args[0], "rank", None) if args else None
+        if rank is None and args:  # Worker keeps it on its runner
+            rank = getattr(getattr(args[0], "runner", None), "rank", None)
+        if rank is None:
+            return None
+        return {"rank": int(rank), "dp_rank": int(rank), "ep_rank": int(rank), "role": role}
+
+    return learn
 
 
-LEARNERS = {target: _self_rank for target in (
-    f"{CORE}:EngineCore.step", f"{RUNNER}:Worker.execute_model", f"{RUNNER}:GPUModelRunner.sync_dp_padding")}
+LEARNERS = {
+    f"{CORE}:EngineCore.step": _self_rank("engine_core"),
+    f"{RUNNER}:Worker.execute_model": _self_rank("worker"),
+    f"{RUNNER}:GPUModelRunner.sync_dp_padding": _self_rank("worker"),
+}
 
 
 def specs() -> list[HookSpec]:
