@@ -8,7 +8,7 @@ import pytest
 
 import profkit
 from profkit.cli.main import main
-from tests.conftest import SAMPLE_TRACES
+from conftest import SAMPLE_TRACES
 
 ENGINE = SAMPLE_TRACES / "engine-dep2-h200"
 CAPTURES = ["torch_clean", "torch_straggler", "torch_split", "nsys_clean", "nsys_straggler"]

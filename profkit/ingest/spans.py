@@ -100,8 +100,10 @@ def _take(path: Path, lineno: int, obj: dict, out: _Parsed) -> None:
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise TraceError(path, f"span file format {version!r} is newer than this reader ({FORMAT_VERSION})")
         for key in _IDENTITY_KEYS:
-            if obj.get(key) is not None:
+            if obj.get(key) is not None and key != "rank_origin":
                 out.identity[key] = obj[key]
+        if obj.get("rank") is not None:  # its origin goes with the rank, not with later headers
+            out.identity["rank_origin"] = obj.get("rank_origin")
         for anchor in obj.get("anchors") or ():
             out.anchors.append(_anchor(path, lineno, anchor))
     if "anchor" in obj:

@@ -148,7 +148,7 @@ def resolve(facts: dict[str, Any]) -> dict[str, Any]:
         "local_rank": first("local_rank", "learned_local_rank")[0],
         "global_rank": first("env_rank", "torch_rank", "learned_global_rank")[0],
         "process_name": facts.get("process_name"),
-        "role": facts.get("role") or facts.get("learned_role"),
+        "role": facts.get("learned_role") or facts.get("role"),
     }
 
 

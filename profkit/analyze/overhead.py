@@ -1,0 +1,245 @@
+"""Overhead attribution: why a step is slower than its GPU work, cause by cause.
+
+Inside every step (the step table: rank, step, start_ns, end_ns) each interval where the rank's
+GPU is idle is charged to what held the critical path on the host at that moment, then causes
+are ranked by total time across ranks and steps (``rank_causes``: ``OUT/causes.csv``).
+
+Idle for attribution is: no GPU activity at all; only communication kernels running (the GPU
+waits in a collective for other ranks); and launch-bound runs of tiny kernels (the GPU is
+starved by the launch rate; the run's whole wall time is charged, tiny kernels included).
+Each idle interval is cut at every host-span boundary and each piece is charged, first match
+wins, to:
+
+1. ``wait:<collective>`` when only communication kernels run;
+2. ``gc``: a GC pause in a launching process;
+3. ``host_sync (<span>)``: a synchronize call, blocking copy or event busy-polling loop on a
+   launching thread, named with the span it sits in;
+4. ``launch_bound``: inside a launch-bound run;
+5. the innermost named span (cpu_span: profkit / vLLM / NVTX / record_function) of the
+   launching threads, used as-is; a blocking CPU collective (Gloo, vLLM's DP sync) gives
+   ``wait:<span>``; step-level spans (step markers) do not count here, so that deeper
+6. framework ops (outermost cpu_op), 7. Python frames, 8. py-spy samples can name the cause;
+9.-10. the same on the rank's other threads (vLLM runs scheduler and model runner in two
+   processes: while the runner idles, the engine core holds the critical path);
+11. the step-level span itself (its self time, e.g. an unannotated sleep in ``EngineCore.step``);
+12. ``unattributed (no host activity)``; ``gpu idle (no host events)`` for a rank without any
+   host events (then only GPU-side facts are claimed).
+
+"Launching threads" issue the rank's kernel launches and copies (from runtime events' tid);
+without runtime events every thread of the rank is one. Collective waits can be refined to
+``waiting for rank k`` with ``refine_waits`` once collectives are matched across ranks.
+Pure functions over event tables (int64 ns); no file access.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profkit.analyze import gpu
+from profkit.analyze import overhead_names as names_mod
+from profkit.analyze import overhead_rank as engine
+from profkit.analyze.overhead_layers import covering, make_layer
+
+CAUSE_COLUMNS = [
+    "cause",
+    "total_ns",
+    "per_step_ns",
+    "step_share",
+    "ranks",
+    "example_rank",
+    "example_step",
+    "example_start_ns",
+]
+CAUSE_EXTRA_COLUMNS = ["category", "n_intervals", "share_of_charged", "example_dur_ns", "ranks_list"]
+CHARGED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "category", "gpu_state", "where"]
+
+# ``category`` values (what a charged interval is) and ``gpu_state`` values
+WAIT, GC, HOST_SYNC, LAUNCH_BOUND = engine.WAIT, engine.GC, engine.HOST_SYNC, engine.LAUNCH_BOUND
+SPAN, CPU_OP, PYTHON, SAMPLE, SELF = engine.SPAN, engine.CPU_OP, engine.PYTHON, engine.SAMPLE, engine.SELF
+UNATTRIBUTED, NO_HOST = engine.UNATTRIBUTED, engine.NO_HOST
+GPU_STATES = tuple(engine.STATES)
+
+NO_STEP = -1  # step number of a whole-capture window (no step markers found)
+
+
+# ---- public API ---------------------------------------------------------------------------
+def causes_table(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """``OUT/causes.csv``: charge every idle interval, refine waits if collectives are matched,
+    rank the causes. Without step markers each rank's GPU window is one step (``step = -1``)."""
+    windows = analysis_windows(events, steps)
+    charged = attribute_gaps(events, windows)
+    arrivals = last_arrivers(events)
+    if arrivals is not None:
+        charged = refine_waits(charged, arrivals)
+    return rank_causes(charged, windows)
+
+
+def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The (rank, step, start_ns, end_ns, step_ns[, name]) windows analyzed: the step table, or
+    when it is empty one window per rank from its first to its last GPU event."""
+    if steps is not None and len(steps):
+        cols = ["rank", "step", "start_ns", "end_ns"] + (["name"] if "name" in steps else [])
+        out = steps[cols].copy()
+        out[["rank", "step", "start_ns", "end_ns"]] = out[["rank", "step", "start_ns", "end_ns"]].astype("int64")
+    else:
+        g = gpu.gpu_events(events)
+        if len(g):
+            agg = g.groupby("rank", observed=True).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+            out = agg.reset_index().astype({"rank": "int64", "start_ns": "int64", "end_ns": "int64"})
+        else:
+            out = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", "start_ns", "end_ns")})
+        out.insert(1, "step", NO_STEP)
+        out["step"] = out["step"].astype("int64")
+    out["step_ns"] = out["end_ns"] - out["start_ns"]
+    return out.reset_index(drop=True)
+
+
+def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per charged interval: ``CHARGED_COLUMNS`` (see the module docstring).
+
+    ``where`` is the innermost named span at that moment (context for waits, syncs, ops).
+    Adjacent pieces with the same cause in one step are merged into one row.
+    """
+    windows = analysis_windows(events, steps)
+    step_names = frozenset(str(n) for n in windows["name"].dropna().unique()) if "name" in windows else frozenset()
+    vocab = engine.Vocab()
+    arrays = engine.EventArrays.build(events, step_names, vocab)
+    parts = []
+    for rank, w in windows.groupby("rank", sort=True):
+        w = w.sort_values("start_ns")
+        ws = w["start_ns"].to_numpy(np.int64)
+        we = w["end_ns"].to_numpy(np.int64).copy()
+        we[:-1] = np.minimum(we[:-1], ws[1:])  # overlapping windows: each instant charged once
+        got = engine.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab)
+        if got is not None:
+            parts.append((int(rank), got))
+    if not parts:
+        return _empty_charged()
+    causes = vocab.array()
+    cat = lambda f: np.concatenate([getattr(p, f) for _, p in parts])  # noqa: E731
+    where = cat("where")
+    out = pd.DataFrame(
+        {
+            "rank": np.concatenate([np.full(p.start.size, r, np.int64) for r, p in parts]),
+            "step": cat("step"),
+            "start_ns": cat("start"),
+            "end_ns": cat("end"),
+            "dur_ns": cat("end") - cat("start"),
+            "cause": causes[cat("cause")],
+            "category": engine.CATEGORIES[cat("category")],
+            "gpu_state": engine.STATES[cat("state")],
+            "where": np.where(where >= 0, causes[np.maximum(where, 0)], None),
+        }
+    )
+    return out[CHARGED_COLUMNS]
+
+
+def rank_causes(charged: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Causes ranked by total charged time across ranks and steps.
+
+    ``per_step_ns`` = total / number of (rank, step) pairs analyzed: what one rank loses to the
+    cause in an average step. ``step_share`` = total / summed step time of those pairs.
+    ``ranks`` = ranks where the cause was charged; the example is the largest single charged
+    interval (rank, step, start_ns) to open in Perfetto. Extra columns: ``CAUSE_EXTRA_COLUMNS``.
+    """
+    cols = CAUSE_COLUMNS + CAUSE_EXTRA_COLUMNS
+    if charged is None or not len(charged):
+        return pd.DataFrame({c: pd.Series(dtype="object" if c in ("cause", "category", "ranks_list") else "int64")
+                             for c in cols})
+    if steps is not None and len(steps):
+        n_pairs = len(steps)
+        step_total = int((steps["end_ns"].astype("int64") - steps["start_ns"].astype("int64")).sum())
+    else:
+        n_pairs = int(charged[["rank", "step"]].drop_duplicates().shape[0])
+        step_total = 0
+    g = charged.groupby("cause", sort=False)
+    top = charged.loc[g["dur_ns"].idxmax()].set_index("cause")
+    out = pd.DataFrame(
+        {
+            "total_ns": g["dur_ns"].sum().astype("int64"),
+            "ranks": g["rank"].nunique().astype("int64"),
+            "n_intervals": g.size().astype("int64"),
+            "category": g["category"].agg(lambda s: s.mode().iat[0]),
+            "ranks_list": g["rank"].agg(lambda s: " ".join(str(r) for r in sorted(s.unique()))),
+        }
+    )
+    out["example_rank"] = top["rank"].astype("int64")
+    out["example_step"] = top["step"].astype("int64")
+    out["example_start_ns"] = top["start_ns"].astype("int64")
+    out["example_dur_ns"] = top["dur_ns"].astype("int64")
+    out["per_step_ns"] = out["total_ns"] / max(n_pairs, 1)
+    out["step_share"] = out["total_ns"] / step_total if step_total > 0 else np.nan
+    out["share_of_charged"] = out["total_ns"] / max(int(charged["dur_ns"].sum()), 1)
+    out = out.reset_index().sort_values(["total_ns", "cause"], ascending=[False, True], kind="stable")
+    return out[cols].reset_index(drop=True)
+
+
+def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
+    """Rename collective waits after who arrived last: ``waiting for rank k``.
+
+    ``arrivals``: one row per (rank, collective instance) with ``rank, start_ns, end_ns,
+    last_rank`` (the instance's interval on that rank, on that rank's own clock, and the rank
+    that arrived last). A ``wait`` row lying in an instance of its rank is renamed; on the last
+    arriver itself it becomes ``transfer:<collective>`` (no one to wait for: the collective's own
+    time). Rows outside every instance keep ``wait:<collective>``.
+    """
+    if not len(charged) or arrivals is None or not len(arrivals):
+        return charged
+    out = charged.copy()
+    cause = out["cause"].to_numpy(dtype=object).copy()
+    is_wait = (out["category"] == WAIT).to_numpy(bool)
+    mid = (out["start_ns"].to_numpy(np.int64) + out["end_ns"].to_numpy(np.int64)) // 2
+    ranks = out["rank"].to_numpy(np.int64)
+    for rank, a in arrivals.groupby("rank"):
+        rows = np.flatnonzero(is_wait & (ranks == int(rank)))
+        if not rows.size:
+            continue
+        layer = make_layer(a["start_ns"].to_numpy(np.int64), a["end_ns"].to_numpy(np.int64),
+                           a["last_rank"].to_numpy(np.int64))
+        j = covering(layer, mid[rows])
+        hit = j >= 0
+        last = layer.codes[j[hit]]
+        rows = rows[hit]
+        other = last != int(rank)
+        cause[rows[other]] = [f"waiting for rank {k}" for k in last[other]]
+        cause[rows[~other]] = [
+            "transfer:" + str(c)[len(names_mod.WAIT_PREFIX):] if str(c).startswith(names_mod.WAIT_PREFIX) else c
+            for c in cause[rows[~other]]
+        ]
+    out["cause"] = cause
+    return out
+
+
+def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
+    """``rank, start_ns, end_ns, last_rank`` per (rank, collective instance) from
+    ``profkit.analyze.collectives`` when that module is present; None otherwise."""
+    try:
+        from profkit.analyze import collectives  # written in parallel; optional here
+    except ImportError:
+        return None
+    try:
+        inst = collectives.collective_instances(events)
+        matched = collectives.match_instances(inst)
+    except Exception:  # noqa: BLE001 - a bad match must not cost the causes table
+        return None
+    return _arrivals_from_match(inst, matched)
+
+
+def _arrivals_from_match(inst: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame | None:
+    last_col = next((c for c in ("last_rank", "last_arriver", "last") if c in matched), None)
+    if last_col is None or not len(inst):
+        return None
+    keys = [c for c in ("instance", "group", "seq", "coll_name") if c in inst and c in matched]
+    if not keys:
+        return None
+    per = matched[keys + [last_col]].drop_duplicates(keys)
+    out = inst[["rank", "start_ns", "end_ns"] + keys].merge(per, on=keys, how="inner")
+    out = out.rename(columns={last_col: "last_rank"}).dropna(subset=["last_rank"])
+    return out[["rank", "start_ns", "end_ns", "last_rank"]].astype("int64")
+
+
+def _empty_charged() -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series(dtype="int64") for c in CHARGED_COLUMNS})
+    for c in ("cause", "category", "gpu_state", "where"):
+        out[c] = out[c].astype(object)
+    return out

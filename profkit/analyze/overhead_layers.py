@@ -1,0 +1,118 @@
+"""Point queries over interval sets: which interval holds time t (the innermost, or any).
+
+Overhead attribution cuts GPU-idle time into pieces at every host-span boundary, so inside
+one piece the host's call stack is constant and one query at the piece start answers for the
+whole piece. Queries are vectorized over all pieces: a per-thread span stack becomes a parent
+array (each span's innermost enclosing span), and "innermost span at t" is the last span
+starting at or before t, walked up its parents until one still runs at t. The walk takes as
+many numpy rounds as the stack is deep, never one Python step per piece.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+NONE = -1
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Intervals of one kind on one thread, sorted by (start asc, end desc); ``codes`` label them."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    codes: np.ndarray
+    parent: np.ndarray  # index of the innermost enclosing interval, NONE at the top
+
+    @property
+    def size(self) -> int:
+        return int(self.starts.size)
+
+
+def make_layer(starts: np.ndarray, ends: np.ndarray, codes: np.ndarray) -> Layer:
+    """Layer of the non-empty intervals; parents assume proper nesting (a partial overlap
+    just loses that ancestor: every answer still contains the query time)."""
+    starts = np.asarray(starts, np.int64)
+    ends = np.asarray(ends, np.int64)
+    codes = np.asarray(codes, np.int64)
+    keep = ends > starts
+    starts, ends, codes = starts[keep], ends[keep], codes[keep]
+    order = np.lexsort((-ends, starts))
+    starts, ends, codes = starts[order], ends[order], codes[order]
+    return Layer(starts, ends, codes, _parents(starts, ends))
+
+
+def _parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Innermost enclosing interval of each (sorted) interval, by pointer jumping.
+
+    Start from the previous interval; while the candidate does not contain this one, jump to
+    the candidate's own candidate. No interval between a candidate and its interval can contain
+    the interval (under nesting), so the first containing candidate is the parent; rounds grow
+    with log(siblings) + depth, not with the number of intervals.
+    """
+    n = starts.size
+    parent = np.arange(n, dtype=np.int64) - 1
+    todo = np.arange(n, dtype=np.int64)
+    while todo.size:
+        p = parent[todo]
+        bad = (p >= 0) & (ends[np.maximum(p, 0)] < ends[todo])
+        todo = todo[bad]
+        parent[todo] = parent[parent[todo]]
+    return parent
+
+
+def innermost(layer: Layer, t: np.ndarray) -> np.ndarray:
+    """Index of the innermost interval of ``layer`` holding each time in ``t`` (NONE if none)."""
+    t = np.asarray(t, np.int64)
+    if layer.size == 0:
+        return np.full(t.size, NONE, np.int64)
+    j = np.searchsorted(layer.starts, t, side="right") - 1
+    todo = np.flatnonzero(j >= 0)
+    while todo.size:
+        jj = j[todo]
+        bad = layer.ends[jj] <= t[todo]
+        todo = todo[bad]
+        j[todo] = layer.parent[j[todo]]
+        todo = todo[j[todo] >= 0]
+    return j
+
+
+def covering(layer: Layer, t: np.ndarray) -> np.ndarray:
+    """Index of an interval holding each time (the one reaching furthest: the outermost under
+    nesting), NONE if none. Works for overlapping, non-nested sets too."""
+    t = np.asarray(t, np.int64)
+    if layer.size == 0:
+        return np.full(t.size, NONE, np.int64)
+    run_end = np.maximum.accumulate(layer.ends)
+    idx = np.arange(layer.size, dtype=np.int64)
+    run_arg = np.maximum.accumulate(np.where(layer.ends == run_end, idx, 0))
+    j = np.searchsorted(layer.starts, t, side="right") - 1
+    out = np.full(t.size, NONE, np.int64)
+    ok = j >= 0
+    hit = np.zeros(t.size, dtype=bool)
+    hit[ok] = run_end[j[ok]] > t[ok]
+    out[hit] = run_arg[j[hit]]
+    return out
+
+
+def split_at(starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut each interval at the (sorted, unique) ``cuts`` strictly inside it.
+
+    Returns (piece_starts, piece_ends, owner) where owner is the index of the interval.
+    """
+    starts = np.asarray(starts, np.int64)
+    ends = np.asarray(ends, np.int64)
+    lo = np.searchsorted(cuts, starts, side="right")
+    hi = np.searchsorted(cuts, ends, side="left")
+    inner = np.maximum(hi - lo, 0)
+    counts = inner + 1
+    owner = np.repeat(np.arange(starts.size, dtype=np.int64), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    k = np.arange(owner.size, dtype=np.int64) - first  # piece number inside its interval
+    lo_o = lo[owner]
+    is_first = k == 0
+    is_last = k == inner[owner]
+    p_start = np.where(is_first, starts[owner], cuts[np.clip(lo_o + k - 1, 0, max(cuts.size - 1, 0))] if cuts.size else 0)
+    p_end = np.where(is_last, ends[owner], cuts[np.clip(lo_o + k, 0, max(cuts.size - 1, 0))] if cuts.size else 0)
+    return p_start.astype(np.int64), p_end.astype(np.int64), owner

@@ -1,0 +1,373 @@
+"""The attribution engine of one rank: idle-for-attribution intervals, host layers, the
+first-match-wins decision per piece (rules in ``profkit.analyze.overhead``'s docstring).
+
+Columns are turned into numpy once for the whole capture (``EventArrays``: names factorized
+and classified once, not per rank); a rank is a slice of those arrays. Causes are integer ids
+into one ``Vocab`` until the final table, so merging pieces compares integers, not strings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.analyze import gpu
+from profkit.analyze import intervals as iv
+from profkit.analyze import overhead_host as host
+from profkit.analyze import overhead_names as nm
+from profkit.analyze.overhead_layers import Layer, covering, innermost, make_layer, split_at
+
+# categories of a charged interval and GPU states (the ``category`` / ``gpu_state`` columns)
+WAIT, GC, HOST_SYNC, LAUNCH_BOUND = "wait", "gc", "host_sync", "launch_bound"
+SPAN, CPU_OP, PYTHON, SAMPLE, SELF = "span", "cpu_op", "python", "sample", "self"
+UNATTRIBUTED, NO_HOST = "unattributed", "no_host"
+CATEGORIES = np.array([WAIT, GC, HOST_SYNC, LAUNCH_BOUND, SPAN, CPU_OP, PYTHON, SAMPLE, SELF, UNATTRIBUTED, NO_HOST],
+                      dtype=object)
+_CAT = {c: i for i, c in enumerate(CATEGORIES)}
+IDLE, COMM_ONLY, LAUNCH_RUN = 0, 1, 2
+STATES = np.array(["idle", "comm_only", "launch_run"], dtype=object)
+_MIN = np.iinfo(np.int64).min
+
+
+class Vocab:
+    """Cause strings <-> int ids, shared by all ranks of one attribution."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def id(self, name: str) -> int:
+        got = self._ids.get(name)
+        if got is None:
+            got = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return got
+
+    def ids(self, names) -> np.ndarray:
+        return np.fromiter((self.id(str(n)) for n in names), dtype=np.int64, count=len(names))
+
+    def array(self) -> np.ndarray:
+        return np.array(self.names, dtype=object)
+
+
+@dataclass
+class EventArrays:
+    """The event table as numpy arrays, sorted by rank (a rank is ``rows(rank)``)."""
+
+    kind: np.ndarray  # int code into KINDS
+    name: np.ndarray  # int code into the unique names
+    start: np.ndarray
+    end: np.ndarray
+    thread: np.ndarray  # (pid, tid) key, see overhead_host.thread_keys
+    corr: np.ndarray  # -1 = none
+    coll: np.ndarray  # int code into coll_uniques, -1 = none
+    rank_bounds: dict[int, tuple[int, int]]
+    # per unique name
+    cause_id: np.ndarray  # cause of the name itself (span / op / frame)
+    wait_id: np.ndarray  # "wait:<name>"
+    sync_id: np.ndarray  # "host_sync (<name>)"
+    container: np.ndarray
+    gc: np.ndarray
+    cpu_wait: np.ndarray
+    builtin: np.ndarray
+    comm: np.ndarray  # communication kernel name
+    comm_wait_id: np.ndarray  # "wait:<collective of the kernel>"
+    kernel_launch: np.ndarray
+    launch: np.ndarray
+    sync: np.ndarray
+    poll: np.ndarray
+    coll_wait_id: np.ndarray  # per coll_uniques: "wait:<coll_name>"
+
+    @classmethod
+    def build(cls, events: pd.DataFrame, step_names: frozenset[str], vocab: Vocab) -> "EventArrays":
+        ranks = events["rank"].to_numpy(np.int64)
+        order = np.argsort(ranks, kind="stable")
+        ranks = ranks[order]
+        present, first = np.unique(ranks, return_index=True)
+        last = np.r_[first[1:], ranks.size]
+        bounds = {int(r): (int(a), int(b)) for r, a, b in zip(present, first, last)}
+
+        def col(name: str) -> pd.Series:
+            return events[name].iloc[order] if order.size else events[name]
+
+        kind_codes = _codes(col("kind"), schema.KINDS)
+        name_codes, uniques = _factorize(col("name"))
+        coll_codes, coll_uniques = _factorize(col("coll_name"), missing=-1)
+        info = nm.classify_names(uniques, step_names)
+        flags = host.runtime_flags(uniques)
+        comm = gpu.is_comm_kernel(pd.Series(uniques, dtype=object))
+        return cls(
+            kind=kind_codes,
+            name=name_codes,
+            start=col("start_ns").to_numpy(np.int64),
+            end=col("end_ns").to_numpy(np.int64),
+            thread=host.thread_keys(col("pid"), col("tid")),
+            corr=col("correlation").fillna(-1).to_numpy(np.int64),
+            coll=coll_codes,
+            rank_bounds=bounds,
+            cause_id=vocab.ids(info["cause"]),
+            wait_id=vocab.ids([nm.WAIT_PREFIX + c for c in info["cause"]]),
+            sync_id=vocab.ids([f"{nm.HOST_SYNC} ({c})" for c in info["cause"]]),
+            container=info["container"],
+            gc=info["gc"],
+            cpu_wait=info["cpu_wait"],
+            builtin=info["builtin"],
+            comm=comm,
+            comm_wait_id=vocab.ids([nm.WAIT_PREFIX + nm.collective_of_kernel(u) if c else "" for u, c in zip(uniques, comm)]),
+            kernel_launch=flags["kernel_launch"],
+            launch=flags["launch"],
+            sync=flags["sync"],
+            poll=flags["poll"],
+            coll_wait_id=vocab.ids([nm.WAIT_PREFIX + str(c) for c in coll_uniques]),
+        )
+
+    def is_kind(self, rows: slice, *kinds: str) -> np.ndarray:
+        codes = [schema.KINDS.index(k) for k in kinds]
+        k = self.kind[rows]
+        return k == codes[0] if len(codes) == 1 else np.isin(k, codes)
+
+
+def _codes(series: pd.Series, known: tuple[str, ...]) -> np.ndarray:
+    codes, uniques = pd.factorize(series, use_na_sentinel=True)
+    lookup = np.array([known.index(u) if u in known else len(known) for u in uniques] + [len(known)], dtype=np.int64)
+    return lookup[codes]
+
+
+def _factorize(series: pd.Series, missing: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and unique strings; nulls get code ``missing`` (default: an extra "" entry)."""
+    codes, uniques = pd.factorize(series, use_na_sentinel=True)  # Arrow strings: dictionary-encoded
+    uniques = np.array([str(u) for u in uniques], dtype=object)
+    codes = np.asarray(codes, dtype=np.int64)
+    if missing is None:
+        uniques = np.append(uniques, "").astype(object)
+        codes = np.where(codes < 0, uniques.size - 1, codes)
+    else:
+        codes = np.where(codes < 0, missing, codes)
+    return codes, uniques
+
+
+@dataclass
+class RankCharges:
+    """Merged charged intervals of one rank (cause / where are vocab ids; where -1 = none)."""
+
+    step: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    cause: np.ndarray
+    category: np.ndarray
+    state: np.ndarray
+    where: np.ndarray
+
+
+def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, step_ids: np.ndarray,
+                   vocab: Vocab) -> RankCharges | None:
+    """Charge every idle-for-attribution piece of ``rank`` inside the windows [ws, we)."""
+    a, b = ea.rank_bounds.get(rank, (0, 0))
+    r = slice(a, b)
+    starts, ends, names, threads = ea.start[r], ea.end[r], ea.name[r], ea.thread[r]
+    state_s, state_e, state = _idle_for_attribution(ea, r, ws, we)
+    if state_s.size == 0:
+        return None
+
+    hosty = ea.is_kind(r, schema.CPU_SPAN, schema.CPU_OP, schema.PYTHON, schema.SAMPLE, schema.GC, schema.RUNTIME)
+    is_rt = ea.is_kind(r, schema.RUNTIME)
+    launching = host.launching_threads(is_rt & ea.launch[names], threads)
+    host_threads = [int(t) for t in pd.unique(threads[hosty])]
+    primary = launching or host_threads
+    others = [t for t in host_threads if t not in set(primary)]
+
+    layers = _host_layers(ea, r, primary, others)
+    gc_mask = (ea.is_kind(r, schema.GC) | (ea.is_kind(r, schema.CPU_SPAN) & ea.gc[names]))
+    gc_mask &= np.isin(threads >> 32, list({t >> 32 for t in primary}))
+    gc_layer = make_layer(starts[gc_mask], ends[gc_mask], np.zeros(int(gc_mask.sum()), np.int64))
+    rt = is_rt & np.isin(threads, primary)
+    sync_s, sync_e = host.sync_intervals(rt & ea.sync[names], rt & ea.poll[names], starts, ends)
+    sync_layer = make_layer(sync_s, sync_e, np.zeros(sync_s.size, np.int64))
+    comm_layer = _comm_layer(ea, r)
+
+    cuts = np.unique(np.concatenate(
+        [ws, we, sync_s, sync_e, gc_layer.starts, gc_layer.ends, comm_layer.starts, comm_layer.ends]
+        + [x for group in layers.values() for layer in group for x in (layer.starts, layer.ends)]
+    ))
+    ps, pe, owner = split_at(state_s, state_e, cuts)
+    pstate = state[owner]
+    step = step_ids[np.clip(np.searchsorted(ws, ps, side="right") - 1, 0, None)]
+    t = ps
+
+    d = _Decider(ps.size)
+    comm_j = covering(comm_layer, t)
+    coll_wait = np.where(comm_j >= 0, comm_layer.codes[np.maximum(comm_j, 0)], vocab.id(nm.WAIT_PREFIX + "collective"))
+    d.assign(pstate == COMM_ONLY, coll_wait, WAIT)
+    d.assign(covering(gc_layer, t) >= 0, vocab.id(nm.GC_CAUSE), GC)
+
+    named_p = _group(layers["named_p"], t, innermost)
+    named_o = _group(layers["named_o"], t, innermost)
+    where = np.where(named_p >= 0, named_p, named_o)  # name code of the innermost named span
+    where_id = np.where(where >= 0, ea.cause_id[np.maximum(where, 0)], -1)
+    sync_label = np.where(where >= 0, ea.sync_id[np.maximum(where, 0)], vocab.id(nm.HOST_SYNC))
+    d.assign(covering(sync_layer, t) >= 0, sync_label, HOST_SYNC)
+    d.assign(pstate == LAUNCH_RUN, vocab.id(nm.LAUNCH_BOUND), LAUNCH_BOUND)
+
+    def named(code: np.ndarray) -> None:
+        c = np.maximum(code, 0)
+        ok = (code >= 0) & ~ea.container[c]
+        d.assign(ok & ea.gc[c], vocab.id(nm.GC_CAUSE), GC)
+        d.assign(ok & ea.cpu_wait[c], ea.wait_id[c], WAIT)
+        d.assign(ok, ea.cause_id[c], SPAN)
+
+    def deeper(suffix: str) -> None:
+        for key, category, query in (("op", CPU_OP, covering), ("py", PYTHON, innermost), ("sample", SAMPLE, innermost)):
+            code = _group(layers[f"{key}_{suffix}"], t, query)
+            d.assign(code >= 0, ea.cause_id[np.maximum(code, 0)], category)
+
+    named(named_p)
+    deeper("p")
+    named(named_o)
+    deeper("o")
+    for code in (named_p, named_o):  # the step-level span's self time
+        d.assign(code >= 0, ea.cause_id[np.maximum(code, 0)], SELF)
+    if hosty.any():
+        d.assign(np.ones(ps.size, bool), vocab.id(nm.UNATTRIBUTED), UNATTRIBUTED)
+    else:
+        d.assign(np.ones(ps.size, bool), vocab.id(nm.NO_HOST), NO_HOST)
+    return _merge(step, ps, pe, d.cause, d.category, pstate, where_id)
+
+
+def _idle_for_attribution(ea: EventArrays, r: slice, ws: np.ndarray, we: np.ndarray):
+    """Disjoint, sorted intervals inside the windows, each with a GPU state (IDLE: nothing runs;
+    COMM_ONLY: only communication kernels; LAUNCH_RUN: a launch-bound run, idle and tiny kernels)."""
+    starts, ends, names = ea.start[r], ea.end[r], ea.name[r]
+    is_gpu = ea.is_kind(r, *schema.GPU_KINDS)
+    is_comm = ea.is_kind(r, schema.KERNEL) & ea.comm[names]
+    compute_mask = is_gpu & ~is_comm
+    big_mask = compute_mask & ((ends - starts) > host.TINY_KERNEL_MAX_NS)
+    busy = iv.union(starts[is_gpu], ends[is_gpu])
+    compute = iv.union(starts[compute_mask], ends[compute_mask])
+    comm = iv.union(starts[is_comm], ends[is_comm])
+    big = iv.union(starts[big_mask], ends[big_mask])
+    windows = iv.union(ws, we)
+    comm_only = iv.intersect(iv.subtract(comm, compute), windows)
+    launch = iv.subtract(iv.subtract(iv.intersect(_launch_runs(ea, r, is_comm), windows), big), comm)
+    idle = iv.subtract(iv.subtract(windows, busy), launch)
+    s = np.concatenate([idle[0], comm_only[0], launch[0]])
+    e = np.concatenate([idle[1], comm_only[1], launch[1]])
+    st = np.repeat(np.array([IDLE, COMM_ONLY, LAUNCH_RUN], np.int64), [idle[0].size, comm_only[0].size, launch[0].size])
+    order = np.argsort(s, kind="stable")
+    return s[order], e[order], st[order]
+
+
+def _launch_runs(ea: EventArrays, r: slice, is_comm: np.ndarray) -> iv.Intervals:
+    """Launch-bound runs on every thread (kernel launches joined to their kernels by correlation;
+    a graph replay, one launch with many kernels, is never a run)."""
+    names, corr = ea.name[r], ea.corr[r]
+    is_launch = ea.is_kind(r, schema.RUNTIME) & ea.kernel_launch[names] & (corr >= 0)
+    is_kernel = ea.is_kind(r, schema.KERNEL) & ~is_comm & (corr >= 0)
+    if is_launch.sum() < host.RUN_MIN_LAUNCHES or not is_kernel.any():
+        return iv.empty()
+    kc = corr[is_kernel]
+    uniq, counts = np.unique(kc, return_counts=True)
+    single = uniq[counts == 1]
+    kmask = np.isin(kc, single)
+    k_corr = kc[kmask]
+    k_order = np.argsort(k_corr)
+    k_corr = k_corr[k_order]
+    ks = ea.start[r][is_kernel][kmask][k_order]
+    ke = ea.end[r][is_kernel][kmask][k_order]
+    l_corr = corr[is_launch]
+    if not k_corr.size:
+        return iv.empty()
+    pos = np.clip(np.searchsorted(k_corr, l_corr), 0, k_corr.size - 1)
+    hit = k_corr[pos] == l_corr
+    ls = ea.start[r][is_launch][hit]
+    lt = ea.thread[r][is_launch][hit]
+    kss, kes = ks[pos[hit]], ke[pos[hit]]
+    parts_s, parts_e = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    for thread in np.unique(lt):
+        m = lt == thread
+        rs, re_ = host.launch_runs(ls[m], kss[m], kes[m])
+        parts_s.append(rs)
+        parts_e.append(re_)
+    return iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
+
+
+def _host_layers(ea: EventArrays, r: slice, primary: list[int], others: list[int]) -> dict[str, list[Layer]]:
+    """Per thread group (p: launching threads, o: the others) and kind: one nested layer per thread."""
+    names, threads = ea.name[r], ea.thread[r]
+    masks = {
+        "named": ea.is_kind(r, schema.CPU_SPAN, schema.GC),
+        "op": ea.is_kind(r, schema.CPU_OP),
+        "py": ea.is_kind(r, schema.PYTHON) & ~ea.builtin[names],
+        "sample": ea.is_kind(r, schema.SAMPLE) & ~ea.builtin[names],
+    }
+    any_mask = masks["named"] | masks["op"] | masks["py"] | masks["sample"]
+    rows = np.flatnonzero(any_mask)
+    by_thread = pd.Series(rows).groupby(threads[rows]).indices if rows.size else {}
+    out: dict[str, list[Layer]] = {f"{k}_{s}": [] for k in masks for s in "po"}
+    for suffix, group in (("p", primary), ("o", others)):
+        for thread in group:
+            idx = by_thread.get(thread)
+            if idx is None:
+                continue
+            sel = rows[idx]
+            for key, mask in masks.items():
+                m = sel[mask[sel]]
+                if m.size:
+                    out[f"{key}_{suffix}"].append(make_layer(ea.start[r][m], ea.end[r][m], names[m]))
+    return out
+
+
+def _comm_layer(ea: EventArrays, r: slice) -> Layer:
+    """Communication kernels, coded with their "wait:<collective>" cause id (coll_name, else the
+    collective read from the kernel name)."""
+    names = ea.name[r]
+    m = ea.is_kind(r, schema.KERNEL) & ea.comm[names]
+    coll = ea.coll[r][m]
+    by_kernel = ea.comm_wait_id[names[m]]
+    codes = np.where(coll >= 0, ea.coll_wait_id[np.maximum(coll, 0)], by_kernel) if coll.size else by_kernel
+    return make_layer(ea.start[r][m], ea.end[r][m], codes)
+
+
+def _group(layers: list[Layer], t: np.ndarray, query) -> np.ndarray:
+    """Answer of a thread group: per time, the code of the interval begun last across threads."""
+    if len(layers) == 1:
+        j = query(layers[0], t)
+        return np.where(j >= 0, layers[0].codes[np.maximum(j, 0)], -1)
+    code = np.full(t.size, -1, np.int64)
+    best = np.full(t.size, _MIN, np.int64)
+    for layer in layers:
+        j = query(layer, t)
+        has = j >= 0
+        st = np.where(has, layer.starts[np.maximum(j, 0)], _MIN)
+        better = has & (st > best)
+        code = np.where(better, layer.codes[np.maximum(j, 0)], code)
+        best = np.where(better, st, best)
+    return code
+
+
+class _Decider:
+    """First match wins: each assign() only fills pieces no earlier rule has charged."""
+
+    def __init__(self, n: int):
+        self.cause = np.full(n, -1, np.int64)
+        self.category = np.full(n, -1, np.int64)
+        self.open = np.ones(n, dtype=bool)
+
+    def assign(self, mask: np.ndarray, cause, category: str) -> None:
+        m = mask & self.open
+        if not m.any():
+            return
+        self.cause[m] = cause[m] if isinstance(cause, np.ndarray) else cause
+        self.category[m] = _CAT[category]
+        self.open &= ~m
+
+
+def _merge(step, ps, pe, cause, category, state, where) -> RankCharges:
+    """Join touching pieces of one step that share cause, category, GPU state and context."""
+    same = pe[:-1] == ps[1:]
+    for k in (step, cause, category, state, where):
+        same &= k[:-1] == k[1:]
+    first = np.flatnonzero(np.r_[True, ~same])
+    last = np.r_[first[1:] - 1, ps.size - 1]
+    return RankCharges(step[first], ps[first], pe[last], cause[first], category[first], state[first], where[first])
