@@ -168,12 +168,12 @@ def span_costs(iterations: int, runs: int) -> list[tuple[str, float, float]]:
 
 # -- part 2: the bundled engine -------------------------------------------------------------------
 def engine_run(out: Path, ranks: int, steps: int, hooks_on: bool) -> list[int]:
+    from profkit.instrument.autostart import capture_env
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROFKIT_")}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if hooks_on:
-        bootstrap = REPO / "profkit" / "instrument" / "bootstrap"
-        env.update({"PYTHONPATH": os.pathsep.join([str(bootstrap), str(REPO)]), "PROFKIT_CAPTURE": "1",
-                    "PROFKIT_OUT_DIR": str(out / "spans"), "PROFKIT_HOOKS": "engine"})
+        env = capture_env(str(out / "spans"), hook_sets=["engine"], base=env)
     cmd = [sys.executable, "-m", "profkit.engine", "--ranks", str(ranks), "--steps", str(steps),
            "--out", str(out / "steps")]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

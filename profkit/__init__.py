@@ -14,6 +14,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
+    if name == "span":
+        from profkit.instrument import span
+
+        return span
     if name in ("load", "Capture"):
         from profkit.ingest import loader
 

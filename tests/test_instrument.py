@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 import profkit.instrument as pi
-from profkit.instrument import hooks as hooks_mod
 from profkit.instrument import identity
 from profkit.instrument.hooks import Hooks, HookSpec, HookWarning
 from profkit.instrument.recorder import Recorder, use_recorder
@@ -671,10 +670,11 @@ def test_bundled_engine_capture(tmp_path):
     pytest.importorskip("torch")
     from profkit.ingest.spans import read_spans
 
-    bootstrap = REPO / "profkit" / "instrument" / "bootstrap"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bootstrap), str(REPO)]), "PROFKIT_CAPTURE": "1",
-           "PROFKIT_OUT_DIR": str(tmp_path / "spans")}
+    from profkit.instrument.autostart import capture_env
+
+    env = capture_env(str(tmp_path / "spans"), base={**os.environ, "PYTHONPATH": str(REPO)})
     env.pop("PROFKIT_RANK", None)
+    assert env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("instrument", "bootstrap"))
     proc = subprocess.run([sys.executable, "-m", "profkit.engine", "--ranks", "2", "--steps", "6", "--split-procs",
                            "--out", str(tmp_path / "out"), "--inject", "gc:rank=1,every=3"],
                           cwd=REPO, capture_output=True, text=True, env=env, timeout=300)

@@ -18,7 +18,7 @@ from profkit.errors import DuplicateRankError, TraceError
 from profkit.ingest import cache
 from profkit.ingest.base import RankPart
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".qdrep")
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".qdrep", ".jsonl")
 # files a capture folder holds that are not traces
 NOT_TRACES = re.compile(
     r"^(manifest|truth|summary|alignment|expert_loads)\.json$|\.timings\.|^steps\.|^causes\.|^stragglers\."
@@ -37,11 +37,7 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(
-                f
-                for f in p.rglob("*")
-                if f.is_file() and f.name.endswith(TRACE_SUFFIXES) and not NOT_TRACES.search(f.name)
-            )
+            found = sorted(f for f in p.rglob("*") if f.is_file() and _looks_like_trace(f))
             if not found:
                 problems.append(f"{p}: folder holds no trace files ({', '.join(TRACE_SUFFIXES)})")
             files.extend(found)
@@ -59,6 +55,16 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
     return unique, problems
 
 
+def _looks_like_trace(path: Path) -> bool:
+    if not path.name.endswith(TRACE_SUFFIXES) or NOT_TRACES.search(path.name):
+        return False
+    if path.name.endswith(".jsonl"):  # only profkit span files; other JSON lines are side files
+        from profkit.ingest.spans import is_span_file
+
+        return is_span_file(path)
+    return True
+
+
 def sniff(path: Path) -> str:
     """Which reader a file needs: kineto | chrome | nsys | nsys-rep."""
     if path.name.endswith((".nsys-rep", ".qdrep")):
@@ -72,6 +78,12 @@ def sniff(path: Path) -> str:
         raise TraceError(path, "empty file")
     if head.startswith(_SQLITE_MAGIC):
         return "nsys"
+    if path.name.endswith(".jsonl"):
+        from profkit.ingest.spans import is_span_file
+
+        if is_span_file(path):
+            return "profkit"
+        raise TraceError(path, "JSON lines file that is not a profkit span file (no profkit_spans header)")
     if head.startswith(_GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
         from profkit.ingest.kineto import sniff_json
 
@@ -98,6 +110,10 @@ def read_file(path: Path, pid_to_rank: dict[int, int] | None = None) -> list[Ran
         from profkit.ingest.nsys import read_nsys
 
         parts = read_nsys(path, pid_to_rank=pid_to_rank)
+    elif kind == "profkit":
+        from profkit.ingest.spans import read_spans
+
+        parts = read_spans(path)
     elif kind == "nsys-rep":
         from profkit.ingest.nsys import read_nsys_rep
 
@@ -211,6 +227,11 @@ def load(
                     part.rank, part.rank_origin = from_name, "filename"
             warnings.extend(f"{part.label}: {w}" for w in part.warnings)
             loaded.append(part)
+    # processes outside any rank (vLLM's API server, DP coordinator) are not given one by order
+    unranked_roles = [p for p in loaded if p.rank is None and p.meta.get("role") in ("frontend", "coordinator")]
+    for part in unranked_roles:
+        warnings.append(f"{part.label}: {part.meta['role']} process has no rank; its spans are left out")
+    loaded = [p for p in loaded if p not in unranked_roles]
     # inputs that still have no rank get the lowest free ones, in input order
     used = {p.rank for p in loaded if p.rank is not None}
     next_free = 0

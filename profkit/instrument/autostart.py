@@ -59,6 +59,25 @@ def activate(hook_sets: Iterable[str] | None = None) -> Hooks:
     return hooks
 
 
+def capture_env(out_dir: str, *, torch_steps: tuple[int, int] | None = None, hook_sets: Iterable[str] | None = None,
+                base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a command whose every Python process should record into ``out_dir``:
+    the bootstrap folder first on ``PYTHONPATH`` (reaches processes no plugin reaches), the
+    capture switch, the output folder, and optionally a torch step window and the hook sets."""
+    from .bootstrap import bootstrap_dir
+
+    env = dict(os.environ if base is None else base)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = bootstrap_dir() + (os.pathsep + path if path else "")
+    env[CAPTURE_ENV] = "1"
+    env["PROFKIT_OUT_DIR"] = os.path.abspath(out_dir)
+    if torch_steps is not None:
+        env["PROFKIT_TORCH_STEPS"] = f"{torch_steps[0]}:{torch_steps[1]}"
+    if hook_sets is not None:
+        env["PROFKIT_HOOKS"] = ",".join(hook_sets) or "none"
+    return env
+
+
 def activate_from_env() -> Hooks | None:
     """``activate()`` if this process is part of a capture, else nothing."""
     return activate() if capture_enabled() else None
