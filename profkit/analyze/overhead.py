@@ -2,35 +2,40 @@
 
 Inside every step (the step table: rank, step, start_ns, end_ns) each interval where the rank's
 GPU is idle is charged to what held the critical path on the host at that moment, then causes
-are ranked by total time across ranks and steps (``rank_causes``: ``OUT/causes.csv``).
+are ranked by total time across ranks and steps (``rank_causes`` -> ``OUT/causes.csv``).
 
-Idle for attribution is: no GPU activity at all; only communication kernels running (the GPU
-waits in a collective for other ranks); and launch-bound runs of tiny kernels (the GPU is
-starved by the launch rate; the run's whole wall time is charged, tiny kernels included).
-Each idle interval is cut at every host-span boundary and each piece is charged, first match
-wins, to:
+Idle for attribution (``gpu_state``): ``idle``, nothing runs; ``comm_only``, only communication
+kernels run (the GPU waits in a collective for other ranks); ``launch_run``, a launch-bound run
+of tiny kernels (the GPU is starved by the launch rate: the run's whole wall time is charged,
+its tiny kernels included, which is what the launches cost). Each interval is cut at every
+host-span boundary and each piece goes to the first rule that matches:
 
-1. ``wait:<collective>`` when only communication kernels run;
-2. ``gc``: a GC pause in a launching process;
+1. ``wait:<collective>``: only communication kernels run;
+2. ``gc``: a GC pause in a launching process (it holds the GIL);
 3. ``host_sync (<span>)``: a synchronize call, blocking copy or event busy-polling loop on a
-   launching thread, named with the span it sits in;
+   launching thread, named with the innermost span it sits in;
 4. ``launch_bound``: inside a launch-bound run;
-5. the innermost named span (cpu_span: profkit / vLLM / NVTX / record_function) of the
-   launching threads, used as-is; a blocking CPU collective (Gloo, vLLM's DP sync) gives
-   ``wait:<span>``; step-level spans (step markers) do not count here, so that deeper
-6. framework ops (outermost cpu_op), 7. Python frames, 8. py-spy samples can name the cause;
-9.-10. the same on the rank's other threads (vLLM runs scheduler and model runner in two
+5. the innermost named span (cpu_span: profkit, vLLM, NVTX, record_function) of the launching
+   threads, named as-is; a blocking CPU collective (Gloo, vLLM's DP sync) gives ``wait:<span>``.
+   Step-level spans (step markers) are skipped here, so that deeper host activity names the
+   time inside them: 6. the outermost framework op (cpu_op), 7. the innermost Python frame
+   (builtins skipped), 8. the innermost py-spy sample frame;
+9. rules 5-8 on the rank's other threads (vLLM runs scheduler and model runner in two
    processes: while the runner idles, the engine core holds the critical path);
-11. the step-level span itself (its self time, e.g. an unannotated sleep in ``EngineCore.step``);
-12. ``unattributed (no host activity)``; ``gpu idle (no host events)`` for a rank without any
-   host events (then only GPU-side facts are claimed).
+10. the step-level span's self time (e.g. an unannotated sleep in ``EngineCore.step``);
+11. ``unattributed (no host activity)``, or ``gpu idle (no host events)`` on a rank without any
+    host events: then only GPU-side facts are claimed.
 
-"Launching threads" issue the rank's kernel launches and copies (from runtime events' tid);
-without runtime events every thread of the rank is one. Collective waits can be refined to
-``waiting for rank k`` with ``refine_waits`` once collectives are matched across ranks.
+"Launching threads" issue the rank's kernel launches and copies (runtime events' pid/tid; a
+thread with under 1% of them, e.g. NCCL's watchdog, is not one); without runtime events every
+thread of the rank is one. ``refine_waits`` renames collective waits after the last arriver
+(``waiting for rank k``; ``transfer:<collective>`` on the last arriver itself) using
+``profkit.analyze.collectives`` (``causes_table`` does it when that module is present).
 Pure functions over event tables (int64 ns); no file access.
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -38,7 +43,7 @@ import pandas as pd
 from profkit.analyze import gpu
 from profkit.analyze import overhead_names as names_mod
 from profkit.analyze import overhead_rank as engine
-from profkit.analyze.overhead_layers import covering, make_layer
+from profkit.analyze.overhead_layers import innermost, make_layer
 
 CAUSE_COLUMNS = [
     "cause",
@@ -63,12 +68,17 @@ NO_STEP = -1  # step number of a whole-capture window (no step markers found)
 
 
 # ---- public API ---------------------------------------------------------------------------
-def causes_table(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """``OUT/causes.csv``: charge every idle interval, refine waits if collectives are matched,
-    rank the causes. Without step markers each rank's GPU window is one step (``step = -1``)."""
+def causes_table(events: pd.DataFrame, steps: pd.DataFrame, arrivals: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``OUT/causes.csv``: charge every idle interval, refine waits by the last arriver, rank the
+    causes. Without step markers each rank's GPU window is one step (``step = -1``).
+
+    ``arrivals`` (see ``refine_waits``) saves matching collectives again when the caller already
+    has them (``arrivals_from_match(instances, matched)``); by default they are matched here.
+    """
     windows = analysis_windows(events, steps)
     charged = attribute_gaps(events, windows)
-    arrivals = last_arrivers(events)
+    if arrivals is None:
+        arrivals = last_arrivers(events)
     if arrivals is not None:
         charged = refine_waits(charged, arrivals)
     return rank_causes(charged, windows)
@@ -137,8 +147,8 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 def rank_causes(charged: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Causes ranked by total charged time across ranks and steps.
 
-    ``per_step_ns`` = total / number of (rank, step) pairs analyzed: what one rank loses to the
-    cause in an average step. ``step_share`` = total / summed step time of those pairs.
+    ``per_step_ns`` = total / number of (rank, step) pairs analyzed (rounded to int64 ns): what
+    one rank loses to the cause in an average step. ``step_share`` = total / summed step time of those pairs.
     ``ranks`` = ranks where the cause was charged; the example is the largest single charged
     interval (rank, step, start_ns) to open in Perfetto. Extra columns: ``CAUSE_EXTRA_COLUMNS``.
     """
@@ -167,7 +177,7 @@ def rank_causes(charged: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     out["example_step"] = top["step"].astype("int64")
     out["example_start_ns"] = top["start_ns"].astype("int64")
     out["example_dur_ns"] = top["dur_ns"].astype("int64")
-    out["per_step_ns"] = out["total_ns"] / max(n_pairs, 1)
+    out["per_step_ns"] = (out["total_ns"] / max(n_pairs, 1)).round().astype("int64")
     out["step_share"] = out["total_ns"] / step_total if step_total > 0 else np.nan
     out["share_of_charged"] = out["total_ns"] / max(int(charged["dur_ns"].sum()), 1)
     out = out.reset_index().sort_values(["total_ns", "cause"], ascending=[False, True], kind="stable")
@@ -179,9 +189,10 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
 
     ``arrivals``: one row per (rank, collective instance) with ``rank, start_ns, end_ns,
     last_rank`` (the instance's interval on that rank, on that rank's own clock, and the rank
-    that arrived last). A ``wait`` row lying in an instance of its rank is renamed; on the last
-    arriver itself it becomes ``transfer:<collective>`` (no one to wait for: the collective's own
-    time). Rows outside every instance keep ``wait:<collective>``.
+    that arrived last). A ``wait`` row whose midpoint lies in an instance of its rank (the one
+    begun last, if several hold it) is renamed; on the last arriver itself it becomes
+    ``transfer:<collective>`` (no one to wait for: the collective's own time). Rows outside
+    every instance keep ``wait:<collective>``. Only the rank's own clock is used.
     """
     if not len(charged) or arrivals is None or not len(arrivals):
         return charged
@@ -196,7 +207,7 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
             continue
         layer = make_layer(a["start_ns"].to_numpy(np.int64), a["end_ns"].to_numpy(np.int64),
                            a["last_rank"].to_numpy(np.int64))
-        j = covering(layer, mid[rows])
+        j = innermost(layer, mid[rows])
         hit = j >= 0
         last = layer.codes[j[hit]]
         rows = rows[hit]
@@ -220,16 +231,19 @@ def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
     try:
         inst = collectives.collective_instances(events)
         matched = collectives.match_instances(inst)
-    except Exception:  # noqa: BLE001 - a bad match must not cost the causes table
+    except Exception as exc:  # noqa: BLE001 - a failed match must not cost the causes table
+        warnings.warn(f"collective matching failed, waits stay 'wait:<collective>': {exc!r}", stacklevel=2)
         return None
-    return _arrivals_from_match(inst, matched)
+    return arrivals_from_match(inst, matched)
 
 
-def _arrivals_from_match(inst: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame | None:
+def arrivals_from_match(inst: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame | None:
+    """``refine_waits``' arrivals from ``collectives.collective_instances`` / ``match_instances``."""
     last_col = next((c for c in ("last_rank", "last_arriver", "last") if c in matched), None)
     if last_col is None or not len(inst):
         return None
-    keys = [c for c in ("instance", "group", "seq", "coll_name") if c in inst and c in matched]
+    keys = ["instance"] if "instance" in inst and "instance" in matched else [
+        c for c in ("group", "seq", "coll_name") if c in inst and c in matched]
     if not keys:
         return None
     per = matched[keys + [last_col]].drop_duplicates(keys)

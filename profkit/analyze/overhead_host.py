@@ -31,6 +31,7 @@ RUN_MAX_PERIOD_NS = 40_000  # launches back to back: start-to-start at most this
 RUN_MAX_QUEUE_NS = 50_000  # kernel starts soon after its launch: the GPU was waiting for it
 RUN_MIN_LAUNCHES = 16  # a run needs this many tiny launches in a row
 
+
 def thread_keys(pid: pd.Series, tid: pd.Series) -> np.ndarray:
     """One int64 per (pid, tid): a thread of the rank (null ids read as -1; ``key >> 32`` = pid)."""
     p = pid.fillna(-1).to_numpy(np.int64)

@@ -96,6 +96,20 @@ def covering(layer: Layer, t: np.ndarray) -> np.ndarray:
     return out
 
 
+def codes_at(layer: Layer, j: np.ndarray, default: int = NONE) -> np.ndarray:
+    """``layer.codes`` of query answers ``j``; ``default`` where there was none."""
+    if layer.size == 0:
+        return np.full(j.size, default, np.int64)
+    return np.where(j >= 0, layer.codes[np.maximum(j, 0)], default)
+
+
+def starts_at(layer: Layer, j: np.ndarray, default: int) -> np.ndarray:
+    """Start of the answers ``j``; ``default`` where there was none."""
+    if layer.size == 0:
+        return np.full(j.size, default, np.int64)
+    return np.where(j >= 0, layer.starts[np.maximum(j, 0)], default)
+
+
 def split_at(starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cut each interval at the (sorted, unique) ``cuts`` strictly inside it.
 
@@ -113,6 +127,9 @@ def split_at(starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray) -> tuple[np
     lo_o = lo[owner]
     is_first = k == 0
     is_last = k == inner[owner]
-    p_start = np.where(is_first, starts[owner], cuts[np.clip(lo_o + k - 1, 0, max(cuts.size - 1, 0))] if cuts.size else 0)
-    p_end = np.where(is_last, ends[owner], cuts[np.clip(lo_o + k, 0, max(cuts.size - 1, 0))] if cuts.size else 0)
+    if cuts.size == 0:  # nothing to cut at: every interval is one piece
+        return starts.copy(), ends.copy(), owner
+    top = cuts.size - 1
+    p_start = np.where(is_first, starts[owner], cuts[np.clip(lo_o + k - 1, 0, top)])
+    p_end = np.where(is_last, ends[owner], cuts[np.clip(lo_o + k, 0, top)])
     return p_start.astype(np.int64), p_end.astype(np.int64), owner

@@ -17,7 +17,7 @@ from profkit.analyze import gpu
 from profkit.analyze import intervals as iv
 from profkit.analyze import overhead_host as host
 from profkit.analyze import overhead_names as nm
-from profkit.analyze.overhead_layers import Layer, covering, innermost, make_layer, split_at
+from profkit.analyze.overhead_layers import Layer, codes_at, covering, innermost, make_layer, split_at, starts_at
 
 # categories of a charged interval and GPU states (the ``category`` / ``gpu_state`` columns)
 WAIT, GC, HOST_SYNC, LAUNCH_BOUND = "wait", "gc", "host_sync", "launch_bound"
@@ -115,7 +115,8 @@ class EventArrays:
             cpu_wait=info["cpu_wait"],
             builtin=info["builtin"],
             comm=comm,
-            comm_wait_id=vocab.ids([nm.WAIT_PREFIX + nm.collective_of_kernel(u) if c else "" for u, c in zip(uniques, comm)]),
+            comm_wait_id=vocab.ids([nm.WAIT_PREFIX + nm.collective_of_kernel(u) if c else ""
+                                    for u, c in zip(uniques, comm)]),
             kernel_launch=flags["kernel_launch"],
             launch=flags["launch"],
             sync=flags["sync"],
@@ -198,7 +199,7 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
 
     d = _Decider(ps.size)
     comm_j = covering(comm_layer, t)
-    coll_wait = np.where(comm_j >= 0, comm_layer.codes[np.maximum(comm_j, 0)], vocab.id(nm.WAIT_PREFIX + "collective"))
+    coll_wait = codes_at(comm_layer, comm_j, vocab.id(nm.WAIT_PREFIX + "collective"))
     d.assign(pstate == COMM_ONLY, coll_wait, WAIT)
     d.assign(covering(gc_layer, t) >= 0, vocab.id(nm.GC_CAUSE), GC)
 
@@ -218,7 +219,8 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
         d.assign(ok, ea.cause_id[c], SPAN)
 
     def deeper(suffix: str) -> None:
-        for key, category, query in (("op", CPU_OP, covering), ("py", PYTHON, innermost), ("sample", SAMPLE, innermost)):
+        rules = (("op", CPU_OP, covering), ("py", PYTHON, innermost), ("sample", SAMPLE, innermost))
+        for key, category, query in rules:
             code = _group(layers[f"{key}_{suffix}"], t, query)
             d.assign(code >= 0, ea.cause_id[np.maximum(code, 0)], category)
 
@@ -332,16 +334,14 @@ def _comm_layer(ea: EventArrays, r: slice) -> Layer:
 def _group(layers: list[Layer], t: np.ndarray, query) -> np.ndarray:
     """Answer of a thread group: per time, the code of the interval begun last across threads."""
     if len(layers) == 1:
-        j = query(layers[0], t)
-        return np.where(j >= 0, layers[0].codes[np.maximum(j, 0)], -1)
+        return codes_at(layers[0], query(layers[0], t))
     code = np.full(t.size, -1, np.int64)
     best = np.full(t.size, _MIN, np.int64)
     for layer in layers:
         j = query(layer, t)
-        has = j >= 0
-        st = np.where(has, layer.starts[np.maximum(j, 0)], _MIN)
-        better = has & (st > best)
-        code = np.where(better, layer.codes[np.maximum(j, 0)], code)
+        st = starts_at(layer, j, _MIN)
+        better = (j >= 0) & (st > best)
+        code = np.where(better, codes_at(layer, j), code)
         best = np.where(better, st, best)
     return code
 

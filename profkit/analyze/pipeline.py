@@ -7,6 +7,7 @@ import pandas as pd
 
 from profkit import __version__
 from profkit.analyze.gpu import gpu_timelines
+from profkit.analyze.overhead import causes_table
 from profkit.analyze.steps import step_table
 from profkit.analyze.summary import rank_summary
 from profkit.ingest.loader import Capture
@@ -19,6 +20,7 @@ class Analysis:
     timelines: pd.DataFrame
     ranks: pd.DataFrame
     step_marker: str | None
+    causes: pd.DataFrame
     version: str = __version__
 
 
@@ -32,4 +34,5 @@ def analyze(capture: Capture, step_pattern: str | None = None) -> Analysis:
         timelines=timelines,
         ranks=rank_summary(timelines, steps),
         step_marker=marker,
+        causes=causes_table(capture.events, steps),
     )

@@ -48,4 +48,10 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
     steps = analysis.steps
     extra = [c for c in steps.columns if c not in STEPS_CSV_COLUMNS]
     steps[STEPS_CSV_COLUMNS + extra].to_csv(steps_path, index=False)
-    return [summary_path, steps_path]
+    from profkit.analyze.overhead import CAUSE_COLUMNS
+
+    causes_path = out / "causes.csv"
+    causes = analysis.causes
+    extra = [c for c in causes.columns if c not in CAUSE_COLUMNS]
+    causes[CAUSE_COLUMNS + extra].to_csv(causes_path, index=False)
+    return [summary_path, steps_path, causes_path]

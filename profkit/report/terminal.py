@@ -35,6 +35,14 @@ def render_summary(analysis) -> str:
         )
     else:
         lines.append("no serving steps found (no step markers; try --step-pattern REGEX); whole-trace GPU timeline only")
+    causes = getattr(analysis, "causes", None)
+    if causes is not None and len(causes):
+        lines.append("top causes of GPU-idle step time (all ranks and steps):")
+        for row in causes.head(5).to_dict("records"):
+            lines.append(
+                f"  {_ms(row['total_ns']):>10} ms  {_pct(row['step_share']):>6} of step time  "
+                f"{row['cause'][:60]}  (e.g. rank {row['example_rank']}, step {row['example_step']})"
+            )
     lines.append("")
     header = (
         f"{'rank':>4} {'steps':>6} {'step p50 ms':>12} {'GPU busy p50':>13} {'gap p50 ms':>11} "
