@@ -12,9 +12,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="profkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"profkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from profkit.cli import analyze, demo, simulate
+    from profkit.cli import analyze, demo, merge, simulate
 
     analyze.register(sub)
+    merge.register(sub)
     demo.register(sub)
     simulate.register(sub)
     return parser

@@ -73,11 +73,16 @@ class ChromeWriter:
         self._events(meta)
         tid_of_track = dict(tids)
         items = rt.items
-        name_lab, cat_lab = items.labels["name"], items.labels["category"]
-        string_cols = [(n, items.labels[n]) for n in items.annotation_names if n in items.labels]
-        number_cols = [(n, *items.numbers[n]) for n in items.annotation_names if n in items.numbers]
+        def column(name: str) -> tuple[list[int], list[str]]:  # lists: per-row access in the loop
+            return items.labels[name].codes.tolist(), items.labels[name].uniques
+
+        names, categories = column("name"), column("category")
+        string_cols = [(n, *column(n)) for n in items.annotation_names if n in items.labels]
+        number_cols = [(n, items.numbers[n][0].tolist(), items.numbers[n][1].tolist())
+                       for n in items.annotation_names if n in items.numbers]
         origin = self.time_origin_ns
         starts, ends, track_of = items.start_ns.tolist(), items.end_ns.tolist(), rt.track_of_item.tolist()
+        flows_out, flows_in = rt.flows_by_item()
         out: list[bytes] = []
         for item, rtype in zip(rt.record_item.tolist(), rt.record_type.tolist()):
             if rtype not in (BEGIN, INSTANT):  # one JSON event per BEGIN or INSTANT record
@@ -85,22 +90,23 @@ class ChromeWriter:
             start = starts[item]
             tid = tid_of_track[track_of[item]]
             ts = (start - origin) / 1000.0
-            event: dict[str, Any] = {"name": name_lab.value(item) or "", "ph": "X", "ts": ts, "pid": pid, "tid": tid}
+            code = names[0][item]
+            event: dict[str, Any] = {"name": names[1][code] if code >= 0 else "", "ph": "X", "ts": ts, "pid": pid, "tid": tid}
             if rtype == INSTANT:
                 event["ph"], event["s"] = "i", "t"
             else:
                 event["dur"] = (ends[item] - start) / 1000.0
-            category = cat_lab.value(item)
-            if category is not None:
-                event["cat"] = category
-            args = {name: lab.value(item) for name, lab in string_cols if lab.codes[item] >= 0}
-            args.update((name, int(values[item])) for name, values, present in number_cols if present[item])
+            code = categories[0][item]
+            if code >= 0:
+                event["cat"] = categories[1][code]
+            args = {name: uniques[codes[item]] for name, codes, uniques in string_cols if codes[item] >= 0}
+            args.update((name, values[item]) for name, values, present in number_cols if present[item])
             if args:
                 event["args"] = args
             out.append(dumps(event))
-            for fid in rt.flows_out.get(item, ()):
+            for fid in flows_out.get(item, ()):
                 out.append(dumps({"ph": "s", "id": fid, "cat": "ac2g", "name": "launch", "ts": ts, "pid": pid, "tid": tid}))
-            for fid in rt.flows_in.get(item, ()):
+            for fid in flows_in.get(item, ()):
                 out.append(dumps({"ph": "f", "bp": "e", "id": fid, "cat": "ac2g", "name": "launch", "ts": ts, "pid": pid, "tid": tid}))
             if len(out) >= 4096:
                 self._events(out)

@@ -94,8 +94,22 @@ class RankTrace:
     record_ts: np.ndarray  # int64, non-decreasing
     record_item: np.ndarray  # int32
     record_type: np.ndarray  # int8: BEGIN | END | INSTANT
-    flows_out: dict[int, list[int]] = field(default_factory=dict)  # item -> flow ids it starts
-    flows_in: dict[int, list[int]] = field(default_factory=dict)  # item -> flow ids it ends
+    flow_src: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # launch item per flow
+    flow_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # GPU item per flow
+    flow_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # globally unique
+
+    @property
+    def n_flows(self) -> int:
+        return len(self.flow_ids)
+
+    def flows_by_item(self) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        """(item -> flow ids it starts, item -> flow ids it ends)."""
+        out: dict[int, list[int]] = {}
+        into: dict[int, list[int]] = {}
+        for src, dst, fid in zip(self.flow_src.tolist(), self.flow_dst.tolist(), self.flow_ids.tolist()):
+            out.setdefault(src, []).append(fid)
+            into.setdefault(dst, []).append(fid)
+        return out, into
 
     @property
     def n_events(self) -> int:
@@ -116,18 +130,14 @@ def build_rank_trace(
     description: str = "",
 ) -> RankTrace:
     """Lay out one rank's (already windowed) events and steps; flow ids start at ``flow_id_base``."""
-    events = events[events["start_ns"].notna() & events["end_ns"].notna()]
+    timed = events["start_ns"].notna().to_numpy(dtype=bool) & events["end_ns"].notna().to_numpy(dtype=bool)
+    if not timed.all():
+        events = events[timed]
     items, groups, a_keys, b_keys, instant = _items(events, steps)
     key_ids, key_table = _key_ids(groups, a_keys, b_keys)
     tracks, track_of_item, rec = _lay_out(items, key_ids, key_table, instant, identity)
     order = np.argsort(rec[0], kind="stable")
     out_rows, in_rows = launch_flows(events)
-    flow_ids = np.arange(flow_id_base, flow_id_base + len(out_rows), dtype=np.int64)
-    flows_out: dict[int, list[int]] = {}
-    flows_in: dict[int, list[int]] = {}
-    for src, dst, fid in zip(out_rows.tolist(), in_rows.tolist(), flow_ids.tolist()):
-        flows_out.setdefault(src, []).append(fid)
-        flows_in.setdefault(dst, []).append(fid)
     return RankTrace(
         rank=rank,
         identity=identity,
@@ -139,8 +149,9 @@ def build_rank_trace(
         record_ts=rec[0][order],
         record_item=rec[1][order],
         record_type=rec[2][order],
-        flows_out=flows_out,
-        flows_in=flows_in,
+        flow_src=out_rows,
+        flow_dst=in_rows,
+        flow_ids=np.arange(flow_id_base, flow_id_base + len(out_rows), dtype=np.int64),
     )
 
 

@@ -7,17 +7,21 @@ else the ranks are merged on their own clocks and the result says so.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Union
 
+import numpy as np
 import pandas as pd
 
 from profkit.export.chrome import ChromeWriter
 from profkit.export.identity import RankIdentity, display_pids, rank_identity
 from profkit.export.layout import build_rank_trace
 from profkit.export.perfetto import PerfettoWriter
+from profkit.export.steps import choose_marker, span_names
+from profkit.export.steps import rank_steps as rank_steps_of
 from profkit.export.window import StepWindow, TimeWindow, overlapping, select_steps, with_launched_gpu_work
 
 FORMATS = ("perfetto", "chrome")
@@ -42,15 +46,29 @@ class MergeResult:
 
 
 def profkit_aligner() -> Aligner | None:
-    """``profkit.align``'s estimate + apply, or None while that package does not provide them."""
+    """``profkit.align`` as an Aligner, or None while that package does not provide it.
+
+    Prefers ``estimate`` (per-source offsets within a rank, then per-rank clocks) over
+    ``estimate_alignment`` (per-rank table only); its warnings ride in ``table.attrs["warnings"]``.
+    """
     try:
-        from profkit.align import apply_alignment, estimate_alignment  # type: ignore[attr-defined]
-    except ImportError:
+        align_pkg = importlib.import_module("profkit.align")
+        apply_alignment = align_pkg.apply_alignment
+    except (ImportError, AttributeError):
+        return None
+    estimate = getattr(align_pkg, "estimate", None)
+    estimate_alignment = getattr(align_pkg, "estimate_alignment", None)
+    if estimate is None and estimate_alignment is None:
         return None
 
     def align(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-        alignment = estimate_alignment(events)
-        return apply_alignment(events, alignment), alignment
+        if estimate is not None:
+            result = estimate(events)
+            table = result.ranks.copy()
+            table.attrs["warnings"] = list(getattr(result, "warnings", []))
+            return apply_alignment(events, result), table
+        table = estimate_alignment(events)
+        return apply_alignment(events, table), table
 
     return align
 
@@ -73,13 +91,12 @@ def merge_capture(
         raise ValueError("give a step window or a time window, not both")
     notes: list[str] = []
     events, alignment = _aligned(capture.events, align, notes)
-    from profkit.analyze.steps import step_table
-
-    step_rows = step_table(events, step_pattern)
-    if steps is not None and step_rows.empty:
-        notes.append("no step markers found on any rank: --steps selects nothing (try --step-pattern)")
     ranks = sorted(int(r) for r in pd.unique(events["rank"].dropna())) if len(events) else []
     positions = events.groupby("rank", sort=True).indices if len(events) else {}
+    names = {rank: span_names(_rows(events, positions[rank])) for rank in ranks}
+    marker = choose_marker(names.values(), step_pattern)
+    if steps is not None and marker is None:
+        notes.append("no step markers found on any rank: --steps selects nothing (try --step-pattern)")
     identities = _identities(capture, events, ranks)
     pids = display_pids(identities)
     trace_start_ns = int(events["start_ns"].min()) if len(events) else 0
@@ -94,8 +111,8 @@ def merge_capture(
     written: list[int] = []
     try:
         for rank in ranks:
-            rank_events = events.iloc[positions[rank]]
-            rank_steps = step_rows[step_rows["rank"] == rank]
+            rank_events = _rows(events, positions[rank])
+            rank_steps = rank_steps_of(rank_events, names[rank], marker)
             selected = _select(rank, rank_events, rank_steps, steps, time_bounds, notes)
             if selected is None:
                 continue
@@ -106,7 +123,7 @@ def merge_capture(
             )
             writer.write_rank(rt)
             written.append(rank)
-            n_flows = sum(len(v) for v in rt.flows_out.values())
+            n_flows = rt.n_flows
             totals["events"] += len(rank_events)
             totals["steps"] += len(rank_steps)
             totals["flows"] += n_flows
@@ -130,6 +147,13 @@ def merge_capture(
     )
 
 
+def _rows(events: pd.DataFrame, positions) -> pd.DataFrame:
+    """One rank's rows: a slice (no copy) when contiguous, as the loader builds them."""
+    if len(positions) and positions[-1] - positions[0] + 1 == len(positions):
+        return events.iloc[int(positions[0]):int(positions[-1]) + 1]
+    return events.iloc[positions]
+
+
 def _aligned(events: pd.DataFrame, align: AlignOption, notes: list[str]):
     aligner = profkit_aligner() if align == AUTO else align
     if aligner is None:
@@ -138,18 +162,26 @@ def _aligned(events: pd.DataFrame, align: AlignOption, notes: list[str]):
         return events, None
     if not callable(aligner):
         raise TypeError(f"align must be a callable, {AUTO!r} or None, not {aligner!r}")
-    aligned, alignment = aligner(events)
-    return aligned, alignment
+    if align != AUTO:
+        aligned, table = aligner(events)  # the caller chose this aligner: its errors are theirs to see
+    else:
+        try:
+            aligned, table = aligner(events)
+        except Exception as exc:  # noqa: BLE001 - a merge still helps; the note says it is unaligned
+            notes.append(f"clocks not aligned (profkit.align failed: {type(exc).__name__}: {exc}): each rank is on its own clock")
+            return events, None
+    if table is not None:
+        notes.extend(f"alignment: {w}" for w in table.attrs.get("warnings", []))
+    return aligned, table
 
 
 def _identities(capture, events: pd.DataFrame, ranks: list[int]) -> dict[int, RankIdentity]:
-    host = events[events["stream"].isna() & events["pid"].notna()]
-    counts = host.groupby(["rank", "pid"]).size() if len(host) else pd.Series(dtype="int64")
-    out = {}
-    for rank in ranks:
-        per_pid = {int(pid): int(n) for (r, pid), n in counts.items() if int(r) == rank}
-        out[rank] = rank_identity(rank, capture.meta.get(rank, []), per_pid)
-    return out
+    host = events["stream"].isna().to_numpy(dtype=bool) & events["pid"].notna().to_numpy(dtype=bool)
+    pairs = pd.DataFrame({"rank": events["rank"].to_numpy(np.int64)[host], "pid": events["pid"].to_numpy(np.int64, na_value=-1)[host]})
+    counts: dict[int, dict[int, int]] = {}
+    for (rank, pid), n in pairs.value_counts().items():
+        counts.setdefault(int(rank), {})[int(pid)] = int(n)
+    return {rank: rank_identity(rank, capture.meta.get(rank, []), counts.get(rank, {})) for rank in ranks}
 
 
 def _select(rank, events, steps, step_window, time_bounds, notes):
@@ -172,13 +204,24 @@ def _select(rank, events, steps, step_window, time_bounds, notes):
     return events[keep], steps[overlapping(steps, lo, hi)]
 
 
+ALIGNMENT_FACTS = ("method", "offset_ns", "drift_ppm", "residual_ns", "error_bound_ns")
+
+
+def _fact(value) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
 def _description(rank: int, capture, alignment: pd.DataFrame | None) -> str:
     lines = []
     if alignment is not None and len(alignment) and "rank" in alignment.columns:
         rows = alignment[alignment["rank"] == rank]
         if len(rows):
             row = rows.iloc[0]
-            facts = [f"{k}={row[k]}" for k in ("offset_ns", "drift_ppm", "residual_ns", "method") if k in row.index]
+            facts = [f"{k}={_fact(row[k])}" for k in ALIGNMENT_FACTS if k in row.index]
             lines.append("clock alignment: " + ", ".join(facts))
     elif alignment is None:
         lines.append("clock alignment: none (rank on its own clock)")

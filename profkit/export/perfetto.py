@@ -137,15 +137,11 @@ class PerfettoWriter:
             return event, (pw.bytes_field(F.INTERNED_DATA, entries) if entries else b"")
 
         ts_varints = pw.varints(rt.record_ts)
-        ts_key, annotation_key, event_key = pw.key(F.TIMESTAMP, 0), pw.key(F.TE_DEBUG_ANNOTATIONS, 2), pw.key(F.TRACK_EVENT, 2)
-        varint, frame = pw.varint, pw.key(F.TRACE_PACKET, 2)
-        numbers_of_item = [b""] * len(items)  # encoded integer annotations, per item
-        for prefix, values, present in number_cols:
-            rows = np.flatnonzero(present)
-            for row, encoded in zip(rows.tolist(), pw.varints(values[rows])):
-                ann = prefix + encoded
-                numbers_of_item[row] += annotation_key + varint(len(ann)) + ann
-        flows_out, flows_in = rt.flows_out, rt.flows_in
+        ts_key, event_key = pw.key(F.TIMESTAMP, 0), pw.key(F.TRACK_EVENT, 2)
+        varint, small, frame = pw.varint, pw.SMALL_VARINTS, pw.key(F.TRACE_PACKET, 2)
+        n_small = len(small)
+        numbers_of_item = _encoded_numbers(len(items), number_cols)
+        flows_of_item = _encoded_flows(rt)
         track_of = rt.track_of_item.tolist()
         combo_list = combos.tolist()
         chunks: list[bytes] = []
@@ -153,7 +149,8 @@ class PerfettoWriter:
             track = track_of[item]
             if rtype == END:
                 body = ts_key + ts_bytes + end_tail[track]
-                chunks.append(frame + varint(len(body)) + body)
+                size = len(body)
+                chunks.append(frame + (small[size] if size < n_small else varint(size)) + body)
                 continue
             key = (combo_list[item], track, rtype)
             prefix = statics.get(key)
@@ -162,17 +159,37 @@ class PerfettoWriter:
                 prefix, interned = static_part(item, track, rtype)
                 statics[key] = prefix
             event = prefix + numbers_of_item[item]
-            if rtype == BEGIN:
-                if item in flows_out:
-                    event += pw.fixed64_fields(F.TE_FLOW_IDS, flows_out[item])
-                if item in flows_in:
-                    event += pw.fixed64_fields(F.TE_TERMINATING_FLOW_IDS, flows_in[item])
-            body = ts_key + ts_bytes + header + interned + event_key + varint(len(event)) + event
-            chunks.append(frame + varint(len(body)) + body)
+            if rtype == BEGIN and item in flows_of_item:
+                event += flows_of_item[item]
+            size = len(event)
+            body = ts_key + ts_bytes + header + interned + event_key + (small[size] if size < n_small else varint(size)) + event
+            size = len(body)
+            chunks.append(frame + (small[size] if size < n_small else varint(size)) + body)
             if len(chunks) >= 8192:
                 self._write(chunks)
                 chunks = []
         self._write(chunks)
+
+
+def _encoded_numbers(n_items: int, number_cols: list[tuple[bytes, np.ndarray, np.ndarray]]) -> list[bytes]:
+    """Per item, its integer debug annotations, encoded (b"" for most rows)."""
+    out = [b""] * n_items
+    tag = pw.key(F.TE_DEBUG_ANNOTATIONS, 2)
+    for prefix, values, present in number_cols:
+        rows = np.flatnonzero(present)
+        for row, encoded in zip(rows.tolist(), pw.varints(values[rows])):
+            ann = prefix + encoded
+            out[row] += tag + pw.varint(len(ann)) + ann
+    return out
+
+
+def _encoded_flows(rt: RankTrace) -> dict[int, bytes]:
+    """Per item that starts or ends flows: its flow_ids / terminating_flow_ids fields."""
+    out: dict[int, bytes] = {}
+    for rows, field in ((rt.flow_src, F.TE_FLOW_IDS), (rt.flow_dst, F.TE_TERMINATING_FLOW_IDS)):
+        for row, encoded in zip(rows.tolist(), pw.fixed64_fields(field, rt.flow_ids)):
+            out[row] = out.get(row, b"") + encoded
+    return out
 
 
 class _Interner:
