@@ -26,6 +26,7 @@ class LineFit:
     offset: float
     slope: float
     scale: float  # robust sigma of standardized residuals (residual * sqrt(prior weight))
+    x: np.ndarray  # the x values (for standard errors)
     residuals: np.ndarray  # y - fit, every point
     weights: np.ndarray  # final robust weights in [0, 1]; 0 = rejected
     prior: np.ndarray  # prior weights given (1 / sigma^2 of each point's kind, relative)
@@ -45,8 +46,8 @@ class LineFit:
         var0 = self.scale**2 / sw
         if not self.fit_slope:
             return np.full(x.shape, np.sqrt(var0))
-        xm = (w * self._x).sum() / sw
-        sxx = (w * (self._x - xm) ** 2).sum()
+        xm = (w * self.x).sum() / sw
+        sxx = (w * (self.x - xm) ** 2).sum()
         if sxx <= 0:
             return np.full(x.shape, np.inf)
         return np.sqrt(var0 + self.scale**2 * (x - xm) ** 2 / sxx)
@@ -59,11 +60,9 @@ class LineFit:
         sw = w.sum()
         if sw <= 0:
             return float("inf")
-        xm = (w * self._x).sum() / sw
-        sxx = (w * (self._x - xm) ** 2).sum()
+        xm = (w * self.x).sum() / sw
+        sxx = (w * (self.x - xm) ** 2).sum()
         return float(self.scale / np.sqrt(sxx)) if sxx > 0 else float("inf")
-
-    _x: np.ndarray = None  # type: ignore[assignment]  # the x values (for standard errors)
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -126,18 +125,17 @@ def robust_line(
     half = iterations // 2
     for it in range(iterations):
         r = (y - offset - slope * x) * sq
-        scale = _scale(r[weights > 0] if it >= half else r, scale_floor)
-        u = np.abs(r) / scale
-        if it < half:
+        if it < half:  # Huber phase: the scale follows all residuals (MAD), then stays fixed
+            scale = _scale(r, scale_floor)
+            u = np.abs(r) / scale
             weights = np.where(u <= HUBER_C, 1.0, HUBER_C / np.maximum(u, 1e-300))
         else:
+            u = np.abs(r) / scale
             weights = np.where(u < TUKEY_C, (1.0 - (u / TUKEY_C) ** 2) ** 2, 0.0)
         new = _solve(x, y, weights * prior, fit_slope)
-        if it >= half and abs(new[0] - offset) < 0.01 and abs(new[1] - slope) * (np.ptp(x) + 1) < 0.01:
-            offset, slope = new
-            break
+        done = it > half and abs(new[0] - offset) < 0.01 and abs(new[1] - slope) * (np.ptp(x) + 1) < 0.01
         offset, slope = new
+        if done:
+            break
     residuals = y - offset - slope * x
-    fit = LineFit(offset, slope, scale, residuals, weights, prior, fit_slope)
-    object.__setattr__(fit, "_x", x)
-    return fit
+    return LineFit(offset, slope, scale, x, residuals, weights, prior, fit_slope)

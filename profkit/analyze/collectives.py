@@ -174,7 +174,7 @@ def kernel_coll_name(name: str) -> str:
 def _candidates(events: pd.DataFrame) -> pd.DataFrame:
     """Every collective seen on every rank (kernels with their launch link, CPU collectives)."""
     kernels = _comm_kernels(events)
-    host = events[events["kind"].isin(_HOST_KINDS)]
+    host = _take(events, events["kind"].isin(_HOST_KINDS).to_numpy(dtype=bool), _HOST_COLUMNS)
     names = host["name"].astype("string").fillna("")
     category = host["category"].astype("string").fillna("")
     ncclish = names.str.match(_NCCLISH_RE).to_numpy(dtype=bool) | (category == "NCCL").to_numpy(dtype=bool)
@@ -190,7 +190,7 @@ def _candidates(events: pd.DataFrame) -> pd.DataFrame:
     lk_nccl = lk_names.str.match(_NCCLISH_RE).to_numpy(dtype=bool) | (
         lk["category"].astype("string").fillna("") == "NCCL").to_numpy(dtype=bool)
     lk_gpu_group = lk["coll_group"].astype("string").isin(gpu_groups).to_numpy(dtype=bool)
-    is_launch = lk_nccl | lk_gpu_group
+    is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(lk, launch_like[ncclish[has_coll | ncclish]])
     ranks_with_kernels = set(kernels["rank"].unique().tolist())
     launch_spans = lk[is_launch & ~lk["rank"].isin(ranks_with_kernels).to_numpy(dtype=bool)]
     if len(launch_spans):
@@ -213,10 +213,24 @@ def _candidates(events: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+_HOST_COLUMNS = ("rank", "name", "category", "start_ns", "end_ns", "pid", "tid", "coll_name", "coll_group", "coll_seq")
+_KERNEL_COLUMNS = ("rank", "name", "start_ns", "end_ns", "device", "stream", "pid", "correlation", "coll_name",
+                   "coll_group", "coll_seq")
+_RUNTIME_COLUMNS = ("rank", "pid", "tid", "correlation", "start_ns", "end_ns")
+
+
+def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Rows of ``mask``, only ``columns``: filtering the whole wide Arrow table costs seconds."""
+    return events.loc[mask, list(columns)]
+
+
 def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
-    k = events[events["kind"] == schema.KERNEL]
-    comm = k["coll_name"].notna().to_numpy(dtype=bool) | is_comm_kernel(k["name"])
-    k = k[comm]
+    is_kernel = (events["kind"] == schema.KERNEL).to_numpy(dtype=bool)
+    comm = np.zeros(len(events), dtype=bool)
+    idx = np.flatnonzero(is_kernel)
+    names = events["name"].iloc[idx]
+    comm[idx] = events["coll_name"].iloc[idx].notna().to_numpy(dtype=bool) | is_comm_kernel(names)
+    k = _take(events, comm, _KERNEL_COLUMNS)
     names = k["name"].astype(str)
     derived = names.map({n: kernel_coll_name(n) for n in names.unique()})
     coll = k["coll_name"].astype(object).where(k["coll_name"].notna(), derived)
@@ -249,7 +263,8 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
                              host_end_ns=pd.array([pd.NA] * n, dtype="Int64"))
     if n == 0:
         return kernels.drop(columns="correlation"), set()
-    rt = events[(events["kind"] == schema.RUNTIME) & events["correlation"].notna()]
+    rt = _take(events, ((events["kind"] == schema.RUNTIME) & events["correlation"].notna()).to_numpy(dtype=bool),
+               _RUNTIME_COLUMNS)
     rt = pd.DataFrame({
         "rank": rt["rank"].to_numpy(dtype=np.int64),
         "pid": rt["pid"].astype("Int64").to_numpy(),
@@ -330,11 +345,28 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
     kernels["group"] = group
     kernels["seq"] = pd.array([None if v is pd.NA else v for v in seq], dtype="Int64")
     kernels["coll_name"] = coll
-    kernels["host_start_ns"] = pd.array(np.where(hs >= 0, hs, 0), dtype="Int64")
-    kernels.loc[hs < 0, "host_start_ns"] = pd.NA
-    kernels["host_end_ns"] = pd.array(np.where(he >= 0, he, 0), dtype="Int64")
-    kernels.loc[he < 0, "host_end_ns"] = pd.NA
+    kernels["host_start_ns"] = pd.arrays.IntegerArray(np.maximum(hs, 0), hs < 0)
+    kernels["host_end_ns"] = pd.arrays.IntegerArray(np.maximum(he, 0), he < 0)
     return kernels.drop(columns="correlation"), linked
+
+
+def _holds_nccl_span(spans: pd.DataFrame, nccl: pd.DataFrame) -> np.ndarray:
+    """True for spans with an NCCL span (``nccl:*`` record function, NCCL NVTX range) starting inside
+    them on the same thread: torch's record_param_comms of a NCCL group, even with no kernel seen."""
+    out = np.zeros(len(spans), dtype=bool)
+    if spans.empty or nccl.empty:
+        return out
+    keys = ["rank", "pid", "tid"]
+    inner = {k: np.sort(g["start_ns"].to_numpy(np.int64)) for k, g in nccl.groupby(keys, dropna=False, sort=False)}
+    pos = pd.Series(np.arange(len(spans)), index=spans.index)
+    for k, g in spans.groupby(keys, dropna=False, sort=False):
+        starts = inner.get(k)
+        if starts is None:
+            continue
+        lo = np.searchsorted(starts, g["start_ns"].to_numpy(np.int64), side="left")
+        hi = np.searchsorted(starts, g["end_ns"].to_numpy(np.int64), side="right")
+        out[pos[g.index].to_numpy()] = hi > lo
+    return out
 
 
 def _parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -351,6 +383,17 @@ def _parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def _launch_rows(spans: pd.DataFrame) -> pd.DataFrame:
+    """Host spans of GPU collectives on a rank without kernels; nested ones (nccl:* inside
+    record_param_comms) are the same op: the outermost stays."""
+    spans = spans.sort_values(["rank", "pid", "tid", "start_ns", "end_ns"], ascending=[True] * 4 + [False],
+                              kind="stable")
+    thread = spans[["rank", "pid", "tid"]].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    same = np.r_[False, (thread[1:] == thread[:-1]).all(axis=1)]
+    ends = spans["end_ns"].to_numpy(np.int64)
+    block = np.cumsum(~same)
+    run_end = pd.Series(ends).groupby(block).cummax().to_numpy()
+    nested = same & (ends <= np.r_[0, run_end[:-1]])
+    spans = spans[~nested]
     names = spans["name"].astype(str)
     coll = spans["coll_name"].astype(object).where(
         spans["coll_name"].notna(), names.map(lambda s: normalize_coll_name(s.split(":", 1)[-1].removeprefix("nccl"))))
@@ -394,7 +437,8 @@ def _cpu_clusters(cpu: pd.DataFrame) -> pd.DataFrame:
         "coll": cpu["coll_name"].astype(object).where(cpu["coll_name"].notna(), None).to_numpy(dtype=object),
         "pid": cpu["pid"].astype("Int64").to_numpy(), "tid": cpu["tid"].astype("Int64").to_numpy(),
     })
-    best = df.sort_values(["block", "prio", "end"], ascending=[True, True, False], kind="stable").groupby("block").head(1)
+    best = df.sort_values(["block", "prio", "end"], ascending=[True, True, False], kind="stable")
+    best = best.groupby("block").head(1)
     best = best.set_index("block").sort_index()
     first_start = df.groupby("block")["start"].min().sort_index()
     group = df.dropna(subset=["group"]).groupby("block")["group"].first().reindex(best.index)
@@ -625,7 +669,8 @@ def _vote_track(a, b, keys, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         j_parts.append(jj.ravel())
     d = np.concatenate(d_parts)
     order = np.argsort(d, kind="stable")
-    d, kk, ii, jj = d[order], np.concatenate(k_parts)[order], np.concatenate(i_parts)[order], np.concatenate(j_parts)[order]
+    d = d[order]
+    kk, ii, jj = (np.concatenate(parts)[order] for parts in (k_parts, i_parts, j_parts))
     best: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for scale in (1, 4, 16):  # too few matches at the tight tolerance: widen it
         width = 2 * tight * scale + int(DRIFT_MAX_PPM * 1e-6 * span)

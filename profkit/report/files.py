@@ -25,9 +25,12 @@ def _jsonable(value: Any) -> Any:
 
 def summary_document(analysis) -> dict[str, Any]:
     """The JSON document for ``summary.json`` (``ranks`` is a list sorted by rank)."""
+    alignment = analysis.alignment.summary() if analysis.alignment is not None else {}
     ranks = []
     for row in analysis.ranks.to_dict("records"):
-        ranks.append({k: _jsonable(v) for k, v in row.items()})
+        entry = {k: _jsonable(v) for k, v in row.items()}
+        entry["alignment"] = alignment.get(int(row["rank"]))
+        ranks.append(entry)
     return {
         "profkit_version": analysis.version,
         "step_marker": analysis.step_marker,
@@ -35,7 +38,7 @@ def summary_document(analysis) -> dict[str, Any]:
         "ranks": ranks,
         "inputs": [{k: _jsonable(v) for k, v in r.items()} for r in analysis.capture.parts.to_dict("records")],
         "skipped": list(analysis.capture.skipped),
-        "warnings": list(analysis.capture.warnings),
+        "warnings": list(analysis.capture.warnings) + list(analysis.warnings),
     }
 
 

@@ -60,10 +60,11 @@ def render_summary(analysis) -> str:
         lines.append("")
         lines.append(f"skipped {len(cap.skipped)} input(s):")
         lines.extend(f"  {s}" for s in cap.skipped)
-    if cap.warnings:
+    warnings = list(cap.warnings) + list(getattr(analysis, "warnings", []))
+    if warnings:
         lines.append("")
-        lines.append(f"{len(cap.warnings)} warning(s):")
-        lines.extend(f"  {w}" for w in cap.warnings[:20])
-        if len(cap.warnings) > 20:
-            lines.append(f"  ... and {len(cap.warnings) - 20} more (see summary.json)")
+        lines.append(f"{len(warnings)} warning(s):")
+        lines.extend(f"  {w}" for w in warnings[:20])
+        if len(warnings) > 20:
+            lines.append(f"  ... and {len(warnings) - 20} more (see summary.json)")
     return "\n".join(lines)

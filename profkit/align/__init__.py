@@ -1,0 +1,22 @@
+"""One timeline for every rank and source (pure functions over the event table).
+
+    from profkit.align import estimate, apply_alignment
+    alignment = estimate(capture.events)          # Alignment: .ranks, .sources, .warnings
+    aligned = apply_alignment(capture.events, alignment)
+
+Within a rank, sources share the host clock through their anchors and are refined by spans seen
+in two sources (``sources.py``). Across ranks, clocks are fitted to the ends of collective
+instances shared by several ranks, never to their starts, so arrival skew survives (``ranks.py``).
+The clock convention is the simulator's truth.json convention (``clock.py``).
+"""
+from __future__ import annotations
+
+from profkit.align.clock import to_host, to_reference
+from profkit.align.estimate import Alignment, apply_alignment, estimate, estimate_alignment
+from profkit.align.ranks import ANCHOR_ERROR_NS, RANK_COLUMNS
+from profkit.align.sources import SOURCE_COLUMNS
+
+__all__ = [
+    "ANCHOR_ERROR_NS", "Alignment", "RANK_COLUMNS", "SOURCE_COLUMNS", "apply_alignment", "estimate",
+    "estimate_alignment", "to_host", "to_reference",
+]

@@ -1,0 +1,66 @@
+"""A rank's clock against the reference rank's, and moving timestamps onto the reference.
+
+Convention (the simulator's truth.json uses the same, so estimates compare to it directly)::
+
+    host_ns = ref_ns + offset_ns + drift_ppm * 1e-6 * (ref_ns - t0_ns)
+
+``offset_ns`` is how far the rank's clock is ahead of the reference at ``t0_ns``; the drift adds
+``drift_ppm`` ns per ms after that. The inverse is applied exactly in int64 (only the small drift
+correction goes through float64 and is rounded), so timestamps keep nanosecond resolution and
+order: ``t_aligned = t - offset - rint((t - offset - t0) * d / (1 + d))`` with ``d = drift_ppm * 1e-6``.
+To first order that is the familiar ``t - offset - drift * (t - t0)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+TIME_COLUMNS = ("start_ns", "end_ns", "launch_ns", "host_start_ns", "host_end_ns")
+
+
+def to_reference(host_ns: np.ndarray, offset_ns, drift_ppm, t0_ns: int) -> np.ndarray:
+    """Host timestamps (int64) -> reference clock (int64); offset/drift scalars or per-element."""
+    host_ns = np.asarray(host_ns, dtype=np.int64)
+    offset = np.asarray(offset_ns, dtype=np.int64)
+    d = np.asarray(drift_ppm, dtype=np.float64) * 1e-6
+    rel = host_ns - offset - np.int64(t0_ns)
+    corr = np.rint(rel.astype(np.float64) * (d / (1.0 + d))).astype(np.int64)
+    return host_ns - offset - corr
+
+
+def to_host(ref_ns: np.ndarray, offset_ns, drift_ppm, t0_ns: int) -> np.ndarray:
+    """Reference timestamps -> a rank's host clock (the forward model; used by tests)."""
+    ref_ns = np.asarray(ref_ns, dtype=np.int64)
+    d = np.asarray(drift_ppm, dtype=np.float64) * 1e-6
+    return ref_ns + np.asarray(offset_ns, dtype=np.int64) + np.rint((ref_ns - np.int64(t0_ns)) * d).astype(np.int64)
+
+
+def shift_columns(
+    df: pd.DataFrame,
+    offset_ns: np.ndarray,
+    drift_ppm: np.ndarray,
+    t0_ns: int,
+    columns: tuple[str, ...] = TIME_COLUMNS,
+) -> pd.DataFrame:
+    """New frame with each time column present moved to the reference clock, row by row.
+
+    ``offset_ns`` / ``drift_ppm`` are per-row arrays. Nulls stay null; dtypes are kept.
+    """
+    out = df.copy()
+    for col in columns:
+        if col not in df.columns:
+            continue
+        s = df[col]
+        valid = s.notna().to_numpy(dtype=bool)
+        moved = to_reference(s.to_numpy(dtype=np.int64, na_value=0), offset_ns, drift_ppm, t0_ns)
+        out[col] = pd.Series(_same_dtype(moved, valid, s.dtype), index=df.index, name=col)
+    return out
+
+
+def _same_dtype(values: np.ndarray, valid: np.ndarray, dtype):
+    if isinstance(dtype, pd.ArrowDtype):
+        return pd.arrays.ArrowExtensionArray(pa.array(values, type=dtype.pyarrow_dtype, mask=~valid))
+    if isinstance(dtype, np.dtype) and valid.all():
+        return values.astype(dtype, copy=False)
+    return pd.arrays.IntegerArray(values, ~valid)

@@ -1,0 +1,140 @@
+"""Estimate one timeline for every rank and source, and move events onto it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from profkit.align.clock import TIME_COLUMNS, shift_columns
+from profkit.align.ranks import (
+    CPU_TIER,
+    KERNEL_TIER,
+    RANK_COLUMNS,
+    SolveOptions,
+    exit_lag_ns,
+    solve_ranks,
+    without_exit_lag,
+)
+from profkit.align.sources import SOURCE_COLUMNS, apply_source_offsets, source_offsets
+from profkit.analyze.collectives import CPU_SPAN, KERNEL, collective_instances
+
+
+@dataclass
+class Alignment:
+    """Result of ``estimate``: per-rank clocks, per-source offsets, and what the user must know.
+
+    ``ranks``: one row per rank (``RANK_COLUMNS``): ``offset_ns``/``drift_ppm`` against the
+    reference rank at ``t0_ns``, ``residual_ns``/``residual_p90_ns`` (median / p90 distance of the
+    rank's aligned collective ends from the other participants'), ``error_bound_ns`` (3 standard
+    errors of the fitted clock over the rank's window; 1 ms on clock anchors), ``method``
+    (reference | collective_ends | anchors), ``n_points`` (ends used), ``end_source``.
+    ``sources``: one row per (rank, source) (``SOURCE_COLUMNS``). ``instances``: the matched
+    collective instances on the raw clocks (``apply_alignment`` moves them too).
+    """
+
+    ranks: pd.DataFrame
+    sources: pd.DataFrame
+    t0_ns: int
+    warnings: list[str] = field(default_factory=list)
+    instances: pd.DataFrame | None = None
+    report: dict = field(default_factory=dict)
+
+    def summary(self) -> dict[int, dict]:
+        """``{rank: {offset_ns, drift_ppm, residual_ns, method, error_bound_ns}}`` for summary.json."""
+        out = {}
+        for row in self.ranks.itertuples():
+            out[int(row.rank)] = {
+                "offset_ns": int(row.offset_ns),
+                "drift_ppm": float(row.drift_ppm),
+                "residual_ns": None if pd.isna(row.residual_ns) else int(row.residual_ns),
+                "method": row.method,
+                "error_bound_ns": None if pd.isna(row.error_bound_ns) else int(row.error_bound_ns),
+            }
+        return out
+
+
+def estimate(
+    events: pd.DataFrame,
+    fit_drift: bool | None = None,
+    refine_passes: int = 2,
+    min_drift_span_ns: int = SolveOptions.min_drift_span_ns,
+    exit_lag: bool = True,
+) -> Alignment:
+    """Estimate every rank's clock against the reference rank (the lowest rank with collectives).
+
+    ``fit_drift``: None fits drift when at least 3 shared ends span 10 ms or more; False for
+    clocks known to be disciplined (PTP), True to force it. ``exit_lag``: estimate how much
+    earlier the clear last arriver leaves a kernel collective than the others (``report
+    ["exit_lag_ns"]``; needs rank pairs where each is sometimes last) and fit on ends corrected
+    for it.
+    """
+    warnings: list[str] = []
+    sources, src_warn = source_offsets(events)
+    warnings.extend(src_warn)
+    ev = apply_source_offsets(events, sources)
+    inst = collective_instances(ev, complete_only=False)
+    report = dict(inst.attrs.get("report", {}))
+    tiers = {KERNEL: KERNEL_TIER, CPU_SPAN: CPU_TIER}
+    coinc = inst[inst["source_kind"].isin(list(tiers))]
+    obs = pd.DataFrame({
+        "rank": coinc["rank"].to_numpy(dtype=np.int64),
+        "instance": coinc["instance"].to_numpy(dtype=np.int64),
+        "start_ns": coinc["start_ns"].to_numpy(dtype=np.int64),
+        "end_ns": coinc["end_ns"].to_numpy(dtype=np.int64),
+        "tier": coinc["source_kind"].map(tiers).to_numpy(dtype=np.int64),
+    })
+    ranks = sorted(int(r) for r in events["rank"].unique()) if len(events) else []
+    win = events.groupby("rank", observed=True).agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    windows = {int(r): (int(w.lo), int(w.hi)) for r, w in win.iterrows()}
+    with_obs = sorted(set(obs["rank"].tolist()))
+    ref = with_obs[0] if with_obs else (ranks[0] if ranks else 0)
+    t0 = windows.get(ref, (0, 0))[0]
+    opts = SolveOptions(fit_drift=fit_drift, min_drift_span_ns=min_drift_span_ns, refine_passes=refine_passes)
+    table, rank_warn = solve_ranks(obs, ranks, windows, t0, opts)
+    if exit_lag:
+        lag, support = exit_lag_ns(obs, table, t0)
+        report["exit_lag_ns"], report["exit_lag_support"] = lag, support
+        if lag:  # the clear last arriver leaves early: compare like with like, then solve again
+            table, rank_warn = solve_ranks(without_exit_lag(obs, table, t0, lag), ranks, windows, t0, opts)
+    warnings.extend(rank_warn)
+    return Alignment(ranks=table, sources=sources, t0_ns=t0, warnings=warnings, instances=inst, report=report)
+
+
+def estimate_alignment(events: pd.DataFrame, **options) -> pd.DataFrame:
+    """Per-rank alignment table (see ``Alignment.ranks``); warnings in ``df.attrs["warnings"]``.
+
+    The per-source offsets within a rank are in ``estimate(events).sources``; pass the
+    ``Alignment`` itself to ``apply_alignment`` to apply them too.
+    """
+    result = estimate(events, **options)
+    table = result.ranks.copy()
+    table.attrs["warnings"] = list(result.warnings)
+    return table
+
+
+def apply_alignment(
+    frame: pd.DataFrame, alignment: Alignment | pd.DataFrame, columns: tuple[str, ...] = TIME_COLUMNS
+) -> pd.DataFrame:
+    """A new frame with every time column present (start_ns, end_ns, launch_ns, host_*_ns) moved
+    onto the reference rank's clock: per source first (within a rank), then per rank.
+
+    Works on the event table and on any table with a ``rank`` column (collective instances).
+    Ranks missing from the alignment are left as they are.
+    """
+    if isinstance(alignment, Alignment):
+        table, sources = alignment.ranks, alignment.sources
+    else:
+        table, sources = alignment, None
+    if frame.empty:
+        return frame.copy()
+    out = apply_source_offsets(frame, sources) if sources is not None else frame
+    ranks = frame["rank"].to_numpy(dtype=np.int64)
+    by_rank = table.set_index("rank")
+    off = by_rank["offset_ns"].reindex(ranks).fillna(0).to_numpy(dtype=np.int64)
+    drift = by_rank["drift_ppm"].reindex(ranks).fillna(0.0).to_numpy(dtype=np.float64)
+    t0 = int(table["t0_ns"].iloc[0]) if len(table) else 0
+    return shift_columns(out, off, drift, t0, columns)
+
+
+__all__ = ["Alignment", "RANK_COLUMNS", "SOURCE_COLUMNS", "apply_alignment", "estimate", "estimate_alignment"]

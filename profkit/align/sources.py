@@ -1,0 +1,106 @@
+"""Within one rank: the relative offset of its sources (Kineto / nsys vs profkit spans / py-spy).
+
+Why: the sources of one run share the host clock only through each one's anchors (Kineto's
+``baseTimeNanoseconds``, nsys ``utcEpochNs``, profkit's wall/monotonic pairs), each a few µs to
+ms off. When a span appears in two sources (a profkit span that is also an NVTX range or a
+``record_function``), its two copies happened at one moment: the median difference of their starts
+and ends is the offset between the sources. The primary source (most GPU events) stays put.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.analyze.collectives import match_sequences
+
+SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP, schema.GC)
+MIN_PAIRS = 3
+PAIR_TOL_NS = 20_000  # the two copies of one span start within a few µs of each other
+MAX_NAMES = 200  # common span names used per source pair (the most frequent)
+
+SOURCE_COLUMNS = ["rank", "source", "primary", "offset_ns", "n_pairs", "residual_ns", "method"]
+
+
+def source_offsets(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """One row per (rank, source): offset of the source's clock against the rank's primary source.
+
+    method: ``primary``, ``common_spans`` (offset from shared spans), or ``anchors`` (no shared
+    spans: left on its own anchors, offset 0).
+    """
+    rows: list[dict] = []
+    warnings: list[str] = []
+    if events.empty:
+        return pd.DataFrame(columns=SOURCE_COLUMNS), warnings
+    counts = pd.DataFrame({
+        "rank": events["rank"].to_numpy(dtype=np.int64),
+        "source": events["source"].astype(str).to_numpy(),
+        "gpu": events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool),
+    }).groupby(["rank", "source"]).agg(n=("gpu", "size"), gpu=("gpu", "sum"))
+    for rank, per in counts.groupby(level="rank", sort=True):
+        per = per.droplevel("rank").sort_index()
+        primary = per.sort_values(["gpu", "n"], ascending=False, kind="stable").index[0]
+        rows.append({"rank": int(rank), "source": primary, "primary": True, "offset_ns": 0, "n_pairs": 0,
+                     "residual_ns": None, "method": "primary"})
+        if len(per) == 1:
+            continue
+        mine = events.loc[((events["rank"] == rank) & events["kind"].isin(SPAN_KINDS)).to_numpy(dtype=bool),
+                          ["source", "name", "start_ns", "end_ns"]]
+        base = mine[mine["source"] == primary]
+        for source in per.index:
+            if source == primary:
+                continue
+            other = mine[mine["source"] == source]
+            offset, n_pairs, resid = _pair_offset(base, other)
+            if n_pairs < MIN_PAIRS:
+                warnings.append(f"rank {rank}: source {source} shares no spans with {primary}: "
+                                f"kept on its own clock anchors")
+                rows.append({"rank": int(rank), "source": source, "primary": False, "offset_ns": 0,
+                             "n_pairs": n_pairs, "residual_ns": None, "method": "anchors"})
+            else:
+                rows.append({"rank": int(rank), "source": source, "primary": False, "offset_ns": offset,
+                             "n_pairs": n_pairs, "residual_ns": resid, "method": "common_spans"})
+    out = pd.DataFrame(rows, columns=SOURCE_COLUMNS)
+    out["offset_ns"] = out["offset_ns"].astype("int64")
+    out["residual_ns"] = out["residual_ns"].astype("Int64")
+    return out, warnings
+
+
+def _pair_offset(base: pd.DataFrame, other: pd.DataFrame) -> tuple[int, int, int | None]:
+    """Median (other - base) over matched copies of common spans: starts and ends pooled."""
+    common = set(base["name"].dropna().unique()) & set(other["name"].dropna().unique())
+    if not common:
+        return 0, 0, None
+    freq = other[other["name"].isin(common)]["name"].value_counts()
+    names = [str(n) for n in freq.index[:MAX_NAMES]]
+    b = {n: g.sort_values("start_ns") for n, g in base[base["name"].isin(names)].groupby("name", observed=True)}
+    o = {n: g.sort_values("start_ns") for n, g in other[other["name"].isin(names)].groupby("name", observed=True)}
+    keys = [str(n) for n in b if n in o]
+    a_seq = {k: b[k]["start_ns"].to_numpy(dtype=np.int64) for k in keys}
+    b_seq = {k: o[k]["start_ns"].to_numpy(dtype=np.int64) for k in keys}
+    pairs, _ = match_sequences(a_seq, b_seq, {k: PAIR_TOL_NS for k in keys})
+    diffs = []
+    for k, (ia, ib) in pairs.items():
+        if len(ia) == 0:
+            continue
+        bs, be = b[k]["start_ns"].to_numpy(np.int64)[ia], b[k]["end_ns"].to_numpy(np.int64)[ia]
+        os_, oe = o[k]["start_ns"].to_numpy(np.int64)[ib], o[k]["end_ns"].to_numpy(np.int64)[ib]
+        diffs.append(os_ - bs)
+        diffs.append(oe - be)
+    if not diffs:
+        return 0, 0, None
+    d = np.concatenate(diffs)
+    offset = int(np.rint(np.median(d)))
+    return offset, len(d) // 2, int(np.rint(np.median(np.abs(d - offset))))
+
+
+def apply_source_offsets(events: pd.DataFrame, sources: pd.DataFrame) -> pd.DataFrame:
+    """Events with each non-primary source moved onto its rank's primary source clock."""
+    if sources is None or sources.empty or not (sources["offset_ns"] != 0).any() or "source" not in events:
+        return events
+    from profkit.align.clock import shift_columns
+
+    key = sources.set_index(["rank", "source"])["offset_ns"]
+    idx = pd.MultiIndex.from_arrays([events["rank"].to_numpy(dtype=np.int64), events["source"].astype(str).to_numpy()])
+    off = key.reindex(idx).fillna(0).to_numpy(dtype=np.int64)
+    return shift_columns(events, off, np.zeros(len(events)), 0)
