@@ -57,4 +57,7 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
     causes = analysis.causes
     extra = [c for c in causes.columns if c not in CAUSE_COLUMNS]
     causes[CAUSE_COLUMNS + extra].to_csv(causes_path, index=False)
-    return [summary_path, steps_path, causes_path]
+    from profkit.report.html import write_report
+
+    report_path = write_report(analysis, out)
+    return [summary_path, steps_path, causes_path, report_path]

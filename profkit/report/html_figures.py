@@ -1,0 +1,185 @@
+"""Plotly figures of the HTML report, built from the small tables of ``html_data``.
+
+Plotly renders a subset of HTML in every label and hover text, so each name that came from a
+trace goes through ``label`` (``html.escape``): plotly decodes the entities back and shows the
+name as typed, never as markup. Times are in ms, like the rest of the page.
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from profkit.report.html_data import Matrix
+
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
+GPU_COLOR = "#2e7d32"
+STEP_COLOR = "#1f5fa8"
+GAP_COLOR = "#e0822a"
+LINE_COLOR = "#b3261e"
+
+
+def label(name: object, limit: int = 48) -> str:
+    """A trace-supplied name as plotly text: shortened, then entity-escaped."""
+    text = str(name)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text, quote=True)
+
+
+def unique_labels(names: list[object], limit: int = 48) -> list[str]:
+    """Escaped, shortened labels, made distinct: a category axis merges equal labels."""
+    out: list[str] = []
+    seen: dict[str, int] = {}
+    for name in names:
+        text = label(name, limit)
+        n = seen.get(text, 0)
+        seen[text] = n + 1
+        out.append(text if n == 0 else f"{text} ({n + 1})")
+    return out
+
+
+def _layout(fig: go.Figure, height: int, **kwargs) -> go.Figure:
+    fig.update_layout(
+        template="plotly_white",
+        height=height,
+        margin=dict(l=70, r=30, t=30, b=60),
+        font=dict(family=FONT, size=12),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+        **kwargs,
+    )
+    return fig
+
+
+def _rank_axis(n: int) -> dict:
+    return dict(title="rank", type="category", tickangle=0, nticks=min(n, 40))
+
+
+def rank_distribution(step_q: pd.DataFrame, busy_q: pd.DataFrame) -> go.Figure:
+    """Per rank: serving step time next to GPU-busy time, as boxes from precomputed quartiles."""
+    fig = go.Figure()
+    for q, name, color in ((step_q, "serving step", STEP_COLOR), (busy_q, "GPU busy (GPU-only time)", GPU_COLOR)):
+        fig.add_trace(
+            go.Box(
+                name=name,
+                x=[str(r) for r in q["rank"]],
+                q1=q["q1"], median=q["median"], q3=q["q3"],
+                lowerfence=q["min"], upperfence=q["max"], mean=q["mean"],
+                marker_color=color, boxpoints=False,
+            )
+        )
+    return _layout(fig, 380, boxmode="group", xaxis=_rank_axis(len(step_q)), yaxis=dict(title="ms per step", rangemode="tozero"))
+
+
+def rank_breakdown(bd: pd.DataFrame) -> go.Figure:
+    """Mean step per rank split into GPU busy and GPU-idle gap (stacked: adds up to the step)."""
+    x = [str(r) for r in bd["rank"]]
+    fig = go.Figure(
+        [
+            go.Bar(name="GPU busy", x=x, y=bd["gpu_busy_ms"], marker_color=GPU_COLOR,
+                   hovertemplate="rank %{x}: GPU busy %{y:.2f} ms<extra></extra>"),
+            go.Bar(name="gap (GPU idle)", x=x, y=bd["gap_ms"], marker_color=GAP_COLOR,
+                   hovertemplate="rank %{x}: gap %{y:.2f} ms<extra></extra>"),
+        ]
+    )
+    return _layout(fig, 340, barmode="stack", xaxis=_rank_axis(len(bd)), yaxis=dict(title="mean ms per step"))
+
+
+def pareto(p: pd.DataFrame) -> go.Figure:
+    """Causes by impact: bars (ms per step) and the cumulative share of all attributed time."""
+    names = unique_labels(list(p["cause"]))
+    full = [label(c, 200) for c in p["cause"]]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(
+        go.Bar(
+            name="ms per rank-step", x=names, y=p["per_step_ns"].astype("float64") / 1e6,
+            customdata=np.stack([full, (100 * p["step_share"].astype("float64")).round(1)], axis=-1),
+            marker_color=GAP_COLOR,
+            hovertemplate="%{customdata[0]}<br>%{y:.3f} ms per step, %{customdata[1]}% of step time<extra></extra>",
+        ),
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            name="cumulative share", x=names, y=100 * p["cum_share"].astype("float64"), mode="lines+markers",
+            line=dict(color=LINE_COLOR), hovertemplate="cumulative %{y:.1f}%<extra></extra>",
+        ),
+        secondary_y=True,
+    )
+    fig.update_yaxes(title_text="ms per step (avg over ranks and steps)", secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text="cumulative share of attributed idle time", range=[0, 105], secondary_y=True,
+                     showgrid=False, tickmode="array", tickvals=[0, 25, 50, 75, 100],
+                     ticktext=["0%", "25%", "50%", "75%", "100%"])
+    fig.update_xaxes(tickangle=-30, automargin=True)
+    return _layout(fig, 440)
+
+
+def heatmap(m: Matrix) -> go.Figure:
+    """Rank x step matrix; height grows with the rank count up to a readable cap."""
+    height = int(min(900, max(260, 60 + 14 * len(m.ranks))))
+    fig = go.Figure(
+        go.Heatmap(
+            z=m.z, x=m.steps, y=m.ranks, colorscale="YlOrRd", colorbar=dict(title="ms"),
+            hovertemplate="rank %{y}, step %{x}: %{z:.3f} ms<extra></extra>", hoverongaps=False,
+        )
+    )
+    return _layout(
+        fig, height,
+        xaxis=dict(title="step", type="category", nticks=min(len(m.steps), 30)),
+        yaxis=dict(title="rank", type="category", autorange="reversed", nticks=min(len(m.ranks), 40)),
+    )
+
+
+def stragglers(table: pd.DataFrame) -> go.Figure | None:
+    """Per rank: lateness p50/p99 (bars) and the wait it caused the others (markers)."""
+    if "rank" not in table.columns:
+        return None
+    t = table.sort_values("rank")
+    x = [str(r) for r in t["rank"]]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for col, name, color in (("late_ns_p50", "late p50", "#f2b880"), ("late_ns_p99", "late p99", GAP_COLOR)):
+        if col in t.columns:
+            fig.add_trace(go.Bar(name=name, x=x, y=t[col].astype("float64") / 1e6, marker_color=color,
+                                 hovertemplate=f"rank %{{x}}: {name} %{{y:.3f}} ms<extra></extra>"), secondary_y=False)
+    if "caused_wait_ns" in t.columns:
+        fig.add_trace(go.Scatter(name="wait caused to others (total)", x=x, y=t["caused_wait_ns"].astype("float64") / 1e6,
+                                 mode="markers", marker=dict(color=LINE_COLOR, size=9 if len(t) <= 32 else 5, symbol="diamond"),
+                                 hovertemplate="rank %{x}: caused %{y:.2f} ms of waiting<extra></extra>"),
+                      secondary_y=True)
+    if not fig.data:
+        return None
+    fig.update_yaxes(title_text="lateness ms", secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text="wait caused, ms", secondary_y=True, rangemode="tozero", showgrid=False)
+    fig.update_xaxes(**_rank_axis(len(t)))
+    return _layout(fig, 340, barmode="group")
+
+
+def step_line(per_step: pd.DataFrame, column: str, title: str, reference: float | None = None) -> go.Figure:
+    """A per-step metric as a line (balancedness, DP imbalance); ``reference`` draws the ideal."""
+    mode = "lines+markers" if len(per_step) <= 100 else "lines"
+    fig = go.Figure(go.Scatter(x=per_step["step"], y=per_step[column].astype("float64"), mode=mode,
+                               line=dict(color=STEP_COLOR), name=label(title),
+                               hovertemplate="step %{x}: %{y:.3f}<extra></extra>"))
+    if reference is not None:
+        fig.add_hline(y=reference, line_dash="dot", line_color="#888")
+    return _layout(fig, 300, xaxis=dict(title="step"), yaxis=dict(title=label(title)), showlegend=False)
+
+
+def alignment(table: pd.DataFrame) -> go.Figure:
+    """Residual clock error per rank (µs: these are far below a step) with its error bound."""
+    x = [str(r) for r in table["rank"]]
+    res = table["residual_ns"].astype("float64") / 1e3
+    bound = table["error_bound_ns"].astype("float64") / 1e3 if "error_bound_ns" in table.columns else None
+    methods = [label(m) for m in table.get("method", pd.Series([""] * len(table)))]
+    fig = go.Figure(
+        go.Bar(
+            name="residual (median)", x=x, y=res.fillna(0), marker_color=STEP_COLOR, customdata=methods,
+            error_y=None if bound is None else dict(type="data", array=bound.fillna(0), visible=True, color="#555"),
+            hovertemplate="rank %{x} (%{customdata}): residual %{y:.1f} µs<extra></extra>",
+        )
+    )
+    return _layout(fig, 300, xaxis=_rank_axis(len(table)), yaxis=dict(title="µs", rangemode="tozero"),
+                   showlegend=False)
