@@ -14,6 +14,14 @@
 # Each capture: WARMUP warm-up steps, then a WINDOW-step profiler window on every rank.
 # DEVICE=cpu runs the same captures on CPU (a dry run of this script; nsys then fails).
 # One failed capture does not stop the others; the exit status is the number that failed.
+#
+# MODE=capture makes the same kind of captures through `profkit capture` instead (profkit spans in
+# every rank plus torch.profiler or nsys, one step window on every rank, a manifest), for
+# sample_traces/engine-dep2-h200-capture/:
+#     pk_torch_clean.tar.gz   profkit capture --torch --steps A:B
+#     pk_nsys_clean.tar.gz    profkit capture --nsys --steps A:B (nsys found by profkit itself)
+#     pk_nsys_straggler.tar.gz  same, rank 1 sleeps 15 ms every 4th step (skipped if time is short)
+# Carry .whl (nvtx, orjson for Python 3.12) too: profkit's spans are NVTX ranges only with nvtx.
 set -x
 OUT=${OUT:-/tmp/profkit-capture}
 mkdir -p "$OUT"
@@ -89,11 +97,34 @@ nsys_capture() {  # nsys_capture NAME [engine args...]
   pack "$name" "$dir" "$dir/$name.nsys-rep"
 }
 
-torch_capture torch_clean
-torch_capture torch_straggler "${STRAGGLER[@]}"
-nsys_capture nsys_clean
-nsys_capture nsys_straggler "${STRAGGLER[@]}"
-[ -n "${SKIP_SPLIT:-}" ] || torch_capture torch_split --split-procs "${STRAGGLER[@]}"
+pk_capture() {  # pk_capture NAME [profkit capture flags] -- [engine args]: profkit capture of the engine
+  local name=$1; shift
+  local dir=$WORK/$name flags=()
+  while [ "$1" != "--" ]; do flags+=("$1"); shift; done; shift
+  if [ "$SECONDS" -gt "${TIME_LEFT_S:-330}" ]; then echo "SKIPPED: $name (${SECONDS} s used)"; return; fi
+  timeout 240 python3 -m profkit.cli.capture -o "$dir" "${flags[@]}" -- \
+    "${ENGINE[@]}" --out "$dir/engine" --truth "$dir/engine/truth.json" "$@" \
+    || { echo "FAILED: $name"; FAILED=$((FAILED + 1)); }
+  ls -laR "$dir" | head -40
+  pack "$name" "$dir" "$dir/nsys/report.nsys-rep"
+}
+
+if [ "${MODE:-engine}" = capture ]; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  python3 -c 'import nvtx; print("nvtx", nvtx.enabled())' || echo "WARNING: no nvtx: profkit spans are not NVTX ranges"
+  pk_capture pk_torch_clean --torch --steps "$A:$B" --
+  pk_capture pk_nsys_clean --nsys --steps "$A:$B" --
+  pk_capture pk_nsys_straggler --nsys --steps "$A:$B" -- --inject "sleep:rank=1,every=4,ms=15,start=$((A + 2))"
+else
+  torch_capture torch_clean
+  torch_capture torch_straggler "${STRAGGLER[@]}"
+  nsys_capture nsys_clean
+  nsys_capture nsys_straggler "${STRAGGLER[@]}"
+  [ -n "${SKIP_SPLIT:-}" ] || torch_capture torch_split --split-procs "${STRAGGLER[@]}"
+fi
 
 for d in "$WORK"/*/; do ls -la "$d" "$d"trace 2>/dev/null; done
 ls -la "$OUT"

@@ -75,13 +75,24 @@ def causes_table(events: pd.DataFrame, steps: pd.DataFrame, arrivals: pd.DataFra
     ``arrivals`` (see ``refine_waits``) saves matching collectives again when the caller already
     has them (``arrivals_from_match(instances, matched)``); by default they are matched here.
     """
+    charged, windows = charge(events, steps, arrivals)
+    return rank_causes(charged, windows)
+
+
+def charge(
+    events: pd.DataFrame, steps: pd.DataFrame, arrivals: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The charged intervals (waits refined by the last arriver) and the windows analyzed.
+
+    Kept by the pipeline: ``causes.csv`` ranks them, ``cause_steps.csv`` sums them per step.
+    """
     windows = analysis_windows(events, steps)
     charged = attribute_gaps(events, windows)
     if arrivals is None:
         arrivals = last_arrivers(events)
     if arrivals is not None:
         charged = refine_waits(charged, arrivals)
-    return rank_causes(charged, windows)
+    return charged, windows
 
 
 def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import pandas as pd
 from profkit import __version__
 from profkit.align import Alignment, apply_alignment, estimate
 from profkit.analyze.gpu import gpu_timelines
-from profkit.analyze.overhead import causes_table
+from profkit.analyze.overhead import charge, rank_causes
 from profkit.analyze.steps import step_table
 from profkit.analyze.summary import rank_summary
 from profkit.ingest.loader import Capture
@@ -28,6 +28,8 @@ class Analysis:
     ranks: pd.DataFrame
     step_marker: str | None
     causes: pd.DataFrame
+    # one row per charged GPU-idle interval (rank, step, cause, dur_ns, ...)
+    charged: pd.DataFrame = field(default_factory=pd.DataFrame)
     warnings: list[str] = field(default_factory=list)
     version: str = __version__
 
@@ -45,6 +47,7 @@ def analyze(capture: Capture, step_pattern: str | None = None) -> Analysis:
     steps = step_table(events, step_pattern)
     timelines = gpu_timelines(events)
     marker = str(steps["marker"].iloc[0]) if len(steps) else None
+    charged, windows = charge(events, steps)
     return Analysis(
         capture=capture,
         events=events,
@@ -53,6 +56,7 @@ def analyze(capture: Capture, step_pattern: str | None = None) -> Analysis:
         timelines=timelines,
         ranks=rank_summary(timelines, steps),
         step_marker=marker,
-        causes=causes_table(events, steps),
+        causes=rank_causes(charged, windows),
+        charged=charged,
         warnings=warnings,
     )

@@ -45,6 +45,9 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
             files.append(p)
         else:
             problems.append(f"{p}: no such file or folder")
+    # an .nsys-rep beside its own SQLite export is the same data: read the export only
+    exports = {f.resolve() for f in files if f.suffix == ".sqlite"}
+    files = [f for f in files if not (f.suffix in (".nsys-rep", ".qdrep") and f.with_suffix(".sqlite").resolve() in exports)]
     seen: set[Path] = set()
     unique = []
     for f in files:

@@ -191,7 +191,7 @@ def panel_figure(panel: Panel, spec: Spec, runs: list, samples: list[cmp.Samples
     }
     if spec.x == "index":
         layout["xaxis"] = {"tickmode": "array", "tickvals": list(range(len(runs))), "ticktext": ticks, "title": {"text": "run"},
-                           "range": [-0.5, max(len(runs), 1) - 0.5]}
+                           "range": [-0.5, max(len(runs), 1) - 0.5], "zeroline": False}
     else:
         layout["xaxis"] = {"title": {"text": "run time (UTC)"}}
     if not fig.data:

@@ -57,7 +57,11 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
     causes = analysis.causes
     extra = [c for c in causes.columns if c not in CAUSE_COLUMNS]
     causes[CAUSE_COLUMNS + extra].to_csv(causes_path, index=False)
+    from profkit.analyze.compare import cause_step_table
+
+    cause_steps_path = out / "cause_steps.csv"  # per (rank, step, cause): samples for compare's intervals
+    cause_step_table(analysis.charged).to_csv(cause_steps_path, index=False)
     from profkit.report.html import write_report
 
     report_path = write_report(analysis, out)
-    return [summary_path, steps_path, causes_path, report_path]
+    return [summary_path, steps_path, causes_path, cause_steps_path, report_path]

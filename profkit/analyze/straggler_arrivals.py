@@ -1,0 +1,246 @@
+"""Arrivals at collective instances on one (aligned) timeline: who came late, by how much, why not.
+
+One row per (rank, instance). Lateness is measured against the MEDIAN of the OTHER
+participants' arrivals: a rank is late by what it trails a typical peer, so one straggler does
+not make every other rank look early (the first arrival would), and the straggler's own
+arrival does not move its reference (the median of all would, with two ranks). With two
+ranks it is simply the difference of the two arrivals.
+
+Lateness splits into the rank's own work since its previous sync point (``work_excess_ns``:
+its work window, from the exit of its previous collective to this arrival, minus the median of
+the other participants' windows) and what it inherited (``inherited_ns``: it was released
+late from its previous sync point, e.g. by a straggler of another group; a victim's lateness,
+never charged to it).
+
+``gpu_gated``: the arrival at a GPU collective was set by the rank's GPU (its kernel waited in
+the stream queue after the launch), not by its host.
+
+Capture edges: a rank whose trace starts later (or ends earlier) makes the others "wait" at
+the first (last) instances for work outside the window. Only instances inside the common
+window of all their participants are kept (first arrival at or after every participant's
+trace start, last exit at or before every participant's trace end), and work windows never
+start before the common window.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+
+# Source kinds whose start is a rank's arrival at a sync point. ``launch_span`` (the host launch
+# of a GPU collective on a trace without kernels) is asynchronous: the host never waits there.
+ARRIVAL_KINDS = ("kernel", "cpu_span")
+NO_STEP = -1
+
+ARRIVAL_COLUMNS = [
+    "instance", "rank", "step", "key", "coll_name", "source_kind", "n_ranks",
+    "start_ns", "end_ns", "work_start_ns", "work_ns", "host_start_ns",
+    "late_ns", "work_excess_ns", "inherited_ns", "wait_ns", "is_last", "caused_wait_ns", "gpu_gated",
+]
+# A GPU collective whose kernel started this long after its launch call waited in the stream
+# queue: the rank's GPU, not its host, set the arrival (launch -> start on an idle GPU: 8-40 us).
+GPU_GATED_NS = 100_000
+WINDOW_COLUMNS = ["rank", "trace_start_ns", "trace_end_ns"]
+_EDGE_KINDS = (schema.INSTANT, schema.OTHER)  # zero-length markers and metadata: not the trace's extent
+
+
+def trace_windows(events: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's traced extent (first event start, last event end; instants and metadata skipped)."""
+    if events is None or not len(events):
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in WINDOW_COLUMNS})
+    keep = ~events["kind"].isin(_EDGE_KINDS).to_numpy(dtype=bool)
+    ev = events.loc[keep, ["rank", "start_ns", "end_ns"]]
+    g = ev.groupby("rank", observed=True)
+    out = pd.DataFrame({"trace_start_ns": g["start_ns"].min(), "trace_end_ns": g["end_ns"].max()}).reset_index()
+    return out.astype("int64")[WINDOW_COLUMNS]
+
+
+def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame | None) -> tuple[pd.DataFrame, dict]:
+    """Per (rank, instance) arrivals of the complete instances inside the capture window.
+
+    ``inst``: ``collective_instances`` rows on aligned clocks (incomplete rows may be included:
+    they still mark sync points on their ranks, but are not measured). Returns the table
+    (``ARRIVAL_COLUMNS``) and counts of what was dropped and why.
+    """
+    report = {"instances": 0, "dropped_incomplete": 0, "dropped_edge": 0, "dropped_async": 0, "dropped_single": 0}
+    if inst is None or not len(inst):
+        return _empty(), report
+    inst = inst.assign(rank=inst["rank"].astype("int64"), start_ns=inst["start_ns"].astype("int64"),
+                       end_ns=inst["end_ns"].astype("int64"))
+    sync_ends = _sync_ends(inst)
+    per = inst.groupby("instance", sort=True)
+    total = int(per.ngroups)
+    complete = inst["complete"].astype(bool) if "complete" in inst else pd.Series(True, index=inst.index)
+    ok_complete = complete.groupby(inst["instance"]).all()
+    kinds = per["source_kind"].first()
+    n_ranks = per["rank"].nunique()
+    # capture edges: the common window of each instance's participants
+    win = windows.set_index("rank") if len(windows) else pd.DataFrame(columns=["trace_start_ns", "trace_end_ns"])
+    lo = inst["rank"].map(win["trace_start_ns"]).fillna(np.iinfo(np.int64).min).astype("int64")
+    hi = inst["rank"].map(win["trace_end_ns"]).fillna(np.iinfo(np.int64).max).astype("int64")
+    common_lo = lo.groupby(inst["instance"]).max()
+    common_hi = hi.groupby(inst["instance"]).min()
+    inside = (per["start_ns"].min() >= common_lo) & (per["end_ns"].max() <= common_hi)
+    keep = ok_complete & inside & kinds.isin(ARRIVAL_KINDS) & (n_ranks >= 2)
+    report.update(
+        instances=int(keep.sum()),
+        dropped_incomplete=int((~ok_complete).sum()),
+        dropped_edge=int((ok_complete & ~inside).sum()),
+        dropped_async=int((ok_complete & inside & ~kinds.isin(ARRIVAL_KINDS)).sum()),
+        dropped_single=int((ok_complete & inside & kinds.isin(ARRIVAL_KINDS) & (n_ranks < 2)).sum()),
+        instances_seen=total,
+    )
+    rows = inst[inst["instance"].map(keep).to_numpy(dtype=bool)]
+    if not len(rows):
+        return _empty(), report
+    rows = rows.sort_values(["instance", "start_ns", "rank"], kind="stable").reset_index(drop=True)
+    start = rows["start_ns"].to_numpy(np.int64)
+    rank = rows["rank"].to_numpy(np.int64)
+    # work window: from the exit of the rank's previous sync point (any collective of its groups,
+    # measured or not), never before the instance's common window start
+    prev_end = np.empty(len(rows), np.int64)
+    for r in np.unique(rank):
+        m = rank == r
+        ends = sync_ends[int(r)]
+        j = np.searchsorted(ends, start[m], side="right") - 1
+        prev_end[m] = np.where(j >= 0, ends[np.maximum(j, 0)], np.iinfo(np.int64).min)
+    floor = rows["instance"].map(common_lo).to_numpy(np.int64)
+    work_start = np.maximum(prev_end, floor)
+    host_start = np.maximum(_host_sync_before(inst, rank, start, steps), floor)
+    work = start - work_start
+    bounds = _group_bounds(rows["instance"].to_numpy(np.int64))
+    late = start - _median_of_others(start, bounds, presorted=True)
+    work_excess = work - _median_of_others(work, bounds, presorted=False)
+    last_start = np.repeat(start[bounds[1] - 1], bounds[1] - bounds[0])
+    is_last = np.zeros(len(rows), bool)
+    is_last[bounds[1] - 1] = True
+    wait = last_start - start
+    total_wait = np.add.reduceat(wait, bounds[0]) if len(rows) else np.empty(0, np.int64)
+    caused = np.zeros(len(rows), np.int64)
+    caused[bounds[1] - 1] = total_wait  # the others' waits, charged to the last arriver
+    launch = rows["launch_ns"].astype("Int64").to_numpy(dtype=np.int64, na_value=np.iinfo(np.int64).max) \
+        if "launch_ns" in rows else np.full(len(rows), np.iinfo(np.int64).max, np.int64)
+    gated = (rows["source_kind"].astype(str).to_numpy() == "kernel") & (launch < start - GPU_GATED_NS)
+    out = pd.DataFrame({
+        "instance": rows["instance"].to_numpy(np.int64),
+        "rank": rank,
+        "step": _step_of(rank, start, steps),
+        "key": rows["key"].astype(str).to_numpy(dtype=object),
+        "coll_name": rows["coll_name"].astype(object).to_numpy(dtype=object),
+        "source_kind": rows["source_kind"].astype(str).to_numpy(dtype=object),
+        "n_ranks": np.repeat(bounds[1] - bounds[0], bounds[1] - bounds[0]).astype(np.int64),
+        "start_ns": start,
+        "end_ns": rows["end_ns"].to_numpy(np.int64),
+        "work_start_ns": work_start,
+        "work_ns": work,
+        "host_start_ns": host_start,
+        "late_ns": late,
+        "work_excess_ns": work_excess,
+        "inherited_ns": late - work_excess,
+        "wait_ns": wait,
+        "is_last": is_last,
+        "caused_wait_ns": caused,
+        "gpu_gated": gated,
+    })
+    return out[ARRIVAL_COLUMNS], report
+
+
+def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
+    """Per rank, the exits of every collective instance of the keys (groups) it takes part in,
+    sorted. An instance missing on a rank that belongs to its group (events dropped, the rank's
+    part not matched) still released it at the common exit: without this, its next work window
+    would reach back one sync point further and its work look longer than its peers'."""
+    exits = inst.groupby("instance").agg(key=("key", "first"), end_ns=("end_ns", "median"))
+    exits["end_ns"] = exits["end_ns"].astype("int64")
+    by_key = {str(k): np.sort(g["end_ns"].to_numpy(np.int64)) for k, g in exits.groupby("key")}
+    out = {}
+    for r, keys in inst.groupby("rank")["key"].agg(lambda k: set(map(str, k))).items():
+        out[int(r)] = np.sort(np.concatenate([by_key[k] for k in keys if k in by_key] or [np.empty(0, np.int64)]))
+    return out
+
+
+def _host_sync_before(inst: pd.DataFrame, rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:
+    """Per arrival: when its rank's host last synchronized with the others before it.
+
+    Blocking CPU collectives (Gloo, DP sync spans) synchronize hosts; GPU collectives do not
+    (the host launches them and runs on). Without any CPU collective in the capture, the start
+    of the rank's step stands in for it (every rank starts the same step's work).
+    """
+    out = np.full(rank.size, np.iinfo(np.int64).min, np.int64)
+    cpu = inst[inst["source_kind"].astype(str) == "cpu_span"]
+    if len(cpu):
+        marks = _sync_ends(cpu)
+    elif steps is not None and len(steps):
+        marks = {int(r): np.sort(g["start_ns"].to_numpy(np.int64)) for r, g in steps.groupby("rank")}
+    else:
+        return out
+    for r in np.unique(rank):
+        ends = marks.get(int(r))
+        if ends is None or not ends.size:
+            continue
+        m = rank == r
+        j = np.searchsorted(ends, t[m], side="right") - 1
+        out[m] = np.where(j >= 0, ends[np.maximum(j, 0)], np.iinfo(np.int64).min)
+    return out
+
+
+def _group_bounds(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[first, end) row of each run of equal values in a sorted array."""
+    if not groups.size:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    first = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    return first, np.r_[first[1:], groups.size]
+
+
+def _median_of_others(values: np.ndarray, bounds: tuple[np.ndarray, np.ndarray], presorted: bool) -> np.ndarray:
+    """Per row: the median of the other rows of its group (int64, lower-rounded mean of the two
+    middle values when they are an even number). Vectorized over groups of any size >= 2."""
+    first, end = bounds
+    n = end - first
+    size = np.repeat(n, n)
+    base = np.repeat(first, n)
+    if presorted:
+        order = np.arange(values.size)
+        sv = values
+    else:  # sort within groups, keep where each row went
+        grp = np.repeat(np.arange(first.size), n)
+        order = np.lexsort((values, grp))
+        sv = values[order]
+    pos = np.empty(values.size, np.int64)
+    pos[order] = np.arange(values.size) - base  # rank of each row inside its group
+    m = size - 1  # number of others
+    lo_i = (m - 1) // 2  # index among the others of the lower middle
+    hi_i = m // 2
+
+    def other_at(i: np.ndarray) -> np.ndarray:  # i-th smallest of the others (skip the row itself)
+        j = i + (i >= pos)
+        return sv[base + np.minimum(j, size - 1)]
+
+    a, b = other_at(lo_i), other_at(hi_i)
+    return a + (b - a) // 2
+
+
+def _step_of(rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:
+    """The step of each arrival: the rank's last step starting at or before it (NO_STEP if none)."""
+    out = np.full(rank.size, NO_STEP, np.int64)
+    if steps is None or not len(steps):
+        return out
+    for r, g in steps.groupby("rank"):
+        m = rank == int(r)
+        if not m.any():
+            continue
+        g = g.sort_values("start_ns")
+        s = g["start_ns"].to_numpy(np.int64)
+        j = np.searchsorted(s, t[m], side="right") - 1
+        out[m] = np.where(j >= 0, g["step"].to_numpy(np.int64)[np.maximum(j, 0)], NO_STEP)
+    return out
+
+
+def _empty() -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series(dtype="int64") for c in ARRIVAL_COLUMNS})
+    for c in ("key", "coll_name", "source_kind"):
+        out[c] = out[c].astype(object)
+    out["is_last"] = out["is_last"].astype(bool)
+    out["gpu_gated"] = out["gpu_gated"].astype(bool)
+    return out

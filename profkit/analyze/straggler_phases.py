@@ -1,0 +1,378 @@
+"""What a rank did between its previous sync point and its arrival, phase by phase.
+
+Lateness is compared on the HOST timeline first: in a host-bound DEP deployment a rank arrives
+late because its host (scheduler, GC, input preparation, launches) ran longer than its peers'
+since the last moment all hosts were synchronized. Each instant of a rank's traced extent gets
+one phase, from the critical-path point of view of its launching threads:
+
+1. inside a launch-bound run of tiny kernels: ``launch_bound`` (found as the overhead
+   attribution finds them, ``overhead_host.launch_runs``);
+2. the host blocked on the GPU (a synchronize, a blocking copy, event polling, or a copy call
+   longer than ``BLOCKING_COPY_NS``: ``cudaMemcpyAsync`` to pageable memory blocks): what the GPU
+   was doing then: ``gpu:<kernel>`` while compute runs (a GPU-side cause, e.g. hot experts),
+   ``wait:<collective>`` while only communication runs (waiting for other ranks: a victim),
+   else ``host_sync (<span>)`` (the sync itself, e.g. an injected stall);
+3. otherwise the host activity the overhead attribution names (``overhead.attribute_gaps`` with
+   the GPU left out, so GPU-busy time is named too): ``gc``, the innermost span
+   (``Scheduler.schedule``), a step span's self time (``EngineCore.step``), a blocking CPU
+   collective as ``wait:<span>``, ``unattributed (no host activity)``.
+
+Phase time is summed per window and compared with the median of the other participants' time in
+the same phase and the same window (a peer without the phase counts 0). Waits are victim time
+and are never a cause (``is_victim_phase``).
+
+Why the host and not the GPU-idle view of ``causes.csv``: while a straggler's GPU idles waiting
+for its late host, its peers' GPUs wait inside the collective; charging only GPU-idle time would
+hand the straggler's ordinary launch work (the peers' matching idle being "wait") as excess.
+The host's own work is the same on every rank unless something is really slower.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.analyze import gpu
+from profkit.analyze import intervals as iv
+from profkit.analyze import overhead as ov
+from profkit.analyze import overhead_host as host_mod
+from profkit.analyze.overhead_layers import covering, make_layer, split_at
+
+GPU_PREFIX = "gpu:"
+WAIT_PREFIXES = ("wait:", "waiting for rank", "transfer:")
+GPU_CATEGORY = "gpu"
+PIECE_COLUMNS = ["rank", "start_ns", "end_ns", "phase", "category"]
+WINDOW_COLUMNS = ["window", "rank", "start_ns", "end_ns"]
+BLOCKING_COPY_NS = 50_000  # a copy call this long blocked the host (async copies return in ~10 us)
+PHASE_COLUMNS = ["window", "rank", "phase", "category", "ns"]
+EXCESS_COLUMNS = ["window", "rank", "phase", "category", "ns", "peer_ns", "excess_ns"]
+
+
+def is_victim_phase(phase: str, category: str | None = None) -> bool:
+    """Time spent waiting for other ranks: never the cause of one's own lateness."""
+    return category == ov.WAIT or str(phase).startswith(WAIT_PREFIXES)
+
+
+def kernel_label(name: str) -> str:
+    """``gpu:`` + the kernel's short name (no ``void``, namespaces, templates or arguments)."""
+    s = str(name).strip()
+    s = s[5:] if s.startswith("void ") else s
+    for stop in ("<", "("):
+        i = s.find(stop)
+        if i > 0:
+            s = s[:i]
+    return GPU_PREFIX + (s.strip().rsplit("::", 1)[-1] or "kernel")
+
+
+# ---- labelling -----------------------------------------------------------------------------
+def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Host pieces (``labelled_pieces``) and GPU pieces (``gpu_pieces``) of every rank."""
+    if events is None or not len(events) or not len(extents):
+        return _empty_pieces(), _empty_pieces()
+    is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
+    g = _GpuArrays.build(events[is_gpu])
+    return labelled_pieces(events, extents, g), gpu_pieces(g)
+
+
+def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
+    """The GPU timeline of each rank: compute-busy time (not communication) cut where kernels
+    start and end, each piece named ``gpu:<kernel>`` after the kernel running there."""
+    parts = []
+    for rank, r in ((rk, g.of(rk)) for rk in g.bounds):
+        keep = ~g.comm[r]
+        s, e, c = g.start[r][keep], g.end[r][keep], g.code[r][keep]
+        if not s.size:
+            continue
+        layer = make_layer(s, e, c)
+        busy = iv.union(s, e)
+        ps, pe, _ = split_at(busy[0], busy[1], np.unique(np.concatenate([layer.starts, layer.ends])))
+        j = covering(layer, ps)
+        ok = (j >= 0) & (pe > ps)
+        parts.append(_merge(rank, ps[ok], pe[ok], g.vocab[layer.codes[j[ok]]],
+                            np.full(int(ok.sum()), GPU_CATEGORY, dtype=object)))
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
+
+
+def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_GpuArrays | None" = None) -> pd.DataFrame:
+    """Disjoint phase pieces per rank over ``extents`` (``rank, trace_start_ns, trace_end_ns``):
+    ``PIECE_COLUMNS``, sorted by rank and start (see the module docstring for the rules)."""
+    if events is None or not len(events) or not len(extents):
+        return _empty_pieces()
+    windows = pd.DataFrame({"rank": extents["rank"].astype("int64"), "step": np.int64(-1),
+                            "start_ns": extents["trace_start_ns"].astype("int64"),
+                            "end_ns": extents["trace_end_ns"].astype("int64")})
+    is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
+    host = ov.attribute_gaps(events[~is_gpu], windows)  # every host instant, GPU left out
+    gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(events[is_gpu])
+    runs = _launch_runs(events, gpu_ev)
+    copies = _blocking_copies(events)
+    parts = []
+    for rank, h in host.groupby("rank", sort=True):
+        r = int(rank)
+        parts.append(_rank_pieces(r, h, runs.get(r, iv.empty()), copies.get(r, iv.empty()), gpu_ev))
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
+
+
+class _GpuArrays:
+    """GPU activity as numpy, sorted by rank: compute ops coded by their ``gpu:`` label, and
+    communication kernels."""
+
+    def __init__(self, rank, start, end, code, comm, corr, vocab):
+        self.rank, self.start, self.end, self.code, self.comm, self.vocab = rank, start, end, code, comm, vocab
+        self.corr = corr
+        present, first = np.unique(rank, return_index=True)
+        last = np.r_[first[1:], rank.size]
+        self.bounds = {int(r): (int(a), int(b)) for r, a, b in zip(present, first, last)}
+
+    @classmethod
+    def build(cls, g: pd.DataFrame) -> "_GpuArrays":
+        rank = g["rank"].to_numpy(np.int64)
+        order = np.argsort(rank, kind="stable")
+        comm = np.zeros(len(g), bool)
+        is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
+        if is_k.any():
+            comm[is_k] = gpu.is_comm_kernel(g["name"][is_k]) | g["coll_name"][is_k].notna().to_numpy(dtype=bool)
+        codes, uniques = pd.factorize(g["name"].astype(str))
+        labels = np.array([kernel_label(u) for u in uniques], dtype=object)
+        vocab, label_code = np.unique(labels, return_inverse=True) if labels.size else (labels, np.empty(0, np.int64))
+        code = label_code[codes] if codes.size else np.empty(0, np.int64)
+        corr = g["correlation"].fillna(-1).to_numpy(np.int64) if len(g) else np.empty(0, np.int64)
+        return cls(rank[order], g["start_ns"].to_numpy(np.int64)[order], g["end_ns"].to_numpy(np.int64)[order],
+                   np.asarray(code, np.int64)[order], comm[order], corr[order], vocab)
+
+    def of(self, rank: int) -> slice:
+        a, b = self.bounds.get(rank, (0, 0))
+        return slice(a, b)
+
+
+def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Intervals]:
+    """Launch-bound runs per rank, as the overhead attribution finds them (kernel launches joined
+    to their single kernel by correlation, ``overhead_host.launch_runs`` per launching thread),
+    minus the time non-tiny compute kernels and communication kernels run."""
+    rt = events[(events["kind"] == schema.RUNTIME).to_numpy(dtype=bool) & events["correlation"].notna().to_numpy(dtype=bool)]
+    if not len(rt) or not g.rank.size:
+        return {}
+    names = rt["name"].astype(str)
+    is_launch = names.map({n: bool(host_mod.KERNEL_LAUNCH_RE.match(n)) for n in names.unique()}).to_numpy(bool)
+    rt = rt[is_launch]
+    if len(rt) < host_mod.RUN_MIN_LAUNCHES:
+        return {}
+    thread = host_mod.thread_keys(rt["pid"], rt["tid"])
+    lr, lc, ls = rt["rank"].to_numpy(np.int64), rt["correlation"].to_numpy(np.int64), rt["start_ns"].to_numpy(np.int64)
+    out: dict[int, iv.Intervals] = {}
+    for rank in np.unique(lr):
+        r = g.of(int(rank))
+        k_ok = ~g.comm[r] & (g.corr[r] >= 0)
+        kc, ks, ke = g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok]
+        uniq, counts = np.unique(kc, return_counts=True)
+        single = np.isin(kc, uniq[counts == 1])
+        kc, ks, ke = kc[single], ks[single], ke[single]
+        order = np.argsort(kc)
+        kc, ks, ke = kc[order], ks[order], ke[order]
+        m = lr == rank
+        if not kc.size or m.sum() < host_mod.RUN_MIN_LAUNCHES:
+            continue
+        pos = np.clip(np.searchsorted(kc, lc[m]), 0, kc.size - 1)
+        hit = kc[pos] == lc[m]
+        t_ls, t_th, t_ks, t_ke = ls[m][hit], thread[m][hit], ks[pos[hit]], ke[pos[hit]]
+        s_parts, e_parts = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for th in np.unique(t_th):
+            sel = t_th == th
+            rs, re_ = host_mod.launch_runs(t_ls[sel], t_ks[sel], t_ke[sel])
+            s_parts.append(rs)
+            e_parts.append(re_)
+        runs = iv.union(np.concatenate(s_parts), np.concatenate(e_parts))
+        if not runs[0].size:
+            continue
+        gs, ge, comm = g.start[r], g.end[r], g.comm[r]
+        big = (~comm) & ((ge - gs) > host_mod.TINY_KERNEL_MAX_NS)
+        runs = iv.subtract(iv.subtract(runs, iv.union(gs[big], ge[big])), iv.union(gs[comm], ge[comm]))
+        out[int(rank)] = runs
+    return out
+
+
+def _blocking_copies(events: pd.DataFrame) -> dict[int, iv.Intervals]:
+    """Copy calls long enough to have blocked the host (``cudaMemcpyAsync`` to pageable memory,
+    ``.item()``/``.tolist()``: the call returns when the GPU got there), per rank."""
+    rt = events[(events["kind"] == schema.RUNTIME).to_numpy(dtype=bool)]
+    if not len(rt):
+        return {}
+    dur = (rt["end_ns"] - rt["start_ns"]).to_numpy(np.int64)
+    rt = rt[dur >= BLOCKING_COPY_NS]
+    if not len(rt):
+        return {}
+    names = rt["name"].astype(str)
+    copy = names.map({n: bool(host_mod.COPY_LAUNCH_RE.match(n)) for n in names.unique()}).to_numpy(bool)
+    rt = rt[copy]
+    return {int(r): iv.union(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+            for r, g in rt.groupby("rank", sort=False)}
+
+
+def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: iv.Intervals,
+                 g: _GpuArrays) -> pd.DataFrame:
+    hs, he = host["start_ns"].to_numpy(np.int64), host["end_ns"].to_numpy(np.int64)
+    phase = host["cause"].astype(str).to_numpy(dtype=object)
+    cat = host["category"].astype(str).to_numpy(dtype=object)
+    r = g.of(rank)
+    gs, ge, comm, codes = g.start[r], g.end[r], g.comm[r], g.code[r]
+    compute = make_layer(gs[~comm], ge[~comm], codes[~comm])
+    comm_iv = iv.union(gs[comm], ge[comm])
+    cuts = np.unique(np.concatenate([run_iv[0], run_iv[1], copy_iv[0], copy_iv[1], compute.starts, compute.ends,
+                                     comm_iv[0], comm_iv[1]]))
+    ps, pe, owner = split_at(hs, he, cuts)
+    ph, ct = phase[owner].copy(), cat[owner].copy()
+    in_run = _inside(run_iv, ps)
+    ph[in_run], ct[in_run] = ov.LAUNCH_BOUND, ov.LAUNCH_BOUND
+    blocked = _inside(copy_iv, ps) & ~in_run & (ct != ov.GC)
+    sync = ((ct == ov.HOST_SYNC) | blocked) & ~in_run
+    if sync.any():
+        j = covering(compute, ps)
+        busy = sync & (j >= 0)
+        ph[busy] = g.vocab[compute.codes[j[busy]]]
+        ct[busy] = GPU_CATEGORY
+        waiting = sync & ~busy & _inside(comm_iv, ps)
+        ph[waiting] = "wait:collective (host sync)"
+        ct[waiting] = ov.WAIT
+        copy_idle = blocked & ~busy & ~waiting & (ct != ov.HOST_SYNC)
+        ph[copy_idle] = np.array([f"{ov.HOST_SYNC} ({p})" for p in ph[copy_idle]], dtype=object)
+        ct[copy_idle] = ov.HOST_SYNC
+    return _merge(rank, ps, pe, ph, ct)
+
+
+def _inside(merged: iv.Intervals, t: np.ndarray) -> np.ndarray:
+    s, e = merged
+    if not s.size:
+        return np.zeros(t.size, bool)
+    j = np.searchsorted(s, t, side="right") - 1
+    return (j >= 0) & (t < e[np.maximum(j, 0)])
+
+
+def _merge(rank: int, ps, pe, ph, ct) -> pd.DataFrame:
+    """Join touching pieces with the same phase and category."""
+    if not ps.size:
+        return _empty_pieces()
+    order = np.argsort(ps, kind="stable")
+    ps, pe, ph, ct = ps[order], pe[order], ph[order], ct[order]
+    if not ps.size:
+        return _empty_pieces()
+    same = (pe[:-1] == ps[1:]) & (ph[:-1] == ph[1:]) & (ct[:-1] == ct[1:])
+    first = np.flatnonzero(np.r_[True, ~same])
+    last = np.r_[first[1:] - 1, ps.size - 1]
+    return pd.DataFrame({"rank": np.int64(rank), "start_ns": ps[first], "end_ns": pe[last],
+                         "phase": ph[first], "category": ct[first]})
+
+
+def _empty_pieces() -> pd.DataFrame:
+    return pd.DataFrame({"rank": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"),
+                         "end_ns": pd.Series(dtype="int64"), "phase": pd.Series(dtype=object),
+                         "category": pd.Series(dtype=object)})
+
+
+# ---- per window ----------------------------------------------------------------------------
+def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """Time per phase inside each window (``WINDOW_COLUMNS``: window id, rank, [start, end))."""
+    if not len(pieces) or not len(windows):
+        return _empty(PHASE_COLUMNS)
+    out = []
+    by_rank = {int(r): g for r, g in pieces.groupby("rank", sort=False)}
+    for r, w in windows.groupby("rank", sort=False):
+        p = by_rank.get(int(r))
+        if p is None:
+            continue
+        ps, pe = p["start_ns"].to_numpy(np.int64), p["end_ns"].to_numpy(np.int64)
+        ws, we = w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)
+        lo = np.searchsorted(pe, ws, side="right")  # first piece ending after the window start
+        hi = np.searchsorted(ps, we, side="left")  # pieces starting before the window end
+        cnt = np.maximum(hi - lo, 0)
+        total = int(cnt.sum())
+        if not total:
+            continue
+        win = np.repeat(np.arange(len(w)), cnt)
+        idx = np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(total)
+        dur = np.minimum(pe[idx], we[win]) - np.maximum(ps[idx], ws[win])
+        ok = dur > 0
+        out.append(pd.DataFrame({
+            "window": w["window"].to_numpy(np.int64)[win[ok]],
+            "rank": np.int64(r),
+            "phase": p["phase"].to_numpy(dtype=object)[idx[ok]],
+            "category": p["category"].to_numpy(dtype=object)[idx[ok]],
+            "ns": dur[ok],
+        }))
+    if not out:
+        return _empty(PHASE_COLUMNS)
+    df = pd.concat(out, ignore_index=True)
+    # one row per phase name (a name seen under two categories, e.g. span and self, is one phase)
+    return df.groupby(["window", "rank", "phase"], sort=False, as_index=False).agg(
+        category=("category", "first"), ns=("ns", "sum"))[PHASE_COLUMNS]
+
+
+def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
+    """Per wanted (window, rank) and phase: the rank's time in it (``ns``), the median of the
+    other participants' time in it (``peer_ns``, a participant without the phase counts 0) and
+    the excess. Every phase any participant had in that window is listed, negative excess too.
+
+    ``windows``: every participant's window (``window, rank``); ``rows``: boolean mask over it of
+    the rows to explain (default: all). Vectorized: per (window, phase) the present values are
+    sorted once and the absent participants are zeros in front of them.
+    """
+    want = windows if rows is None else windows[rows]
+    if not len(phases) or not len(want):
+        return _empty(EXCESS_COLUMNS)
+    n_of = windows.groupby("window")["rank"].size()
+    ph = phases[phases["window"].isin(want["window"].unique()) & (phases["ns"] > 0)]
+    if not len(ph):
+        return _empty(EXCESS_COLUMNS)
+    ph = ph.assign(_p=pd.factorize(ph["phase"])[0]).sort_values(["window", "_p", "ns"], kind="stable")
+    ph = ph.reset_index(drop=True)
+    wv, pv = ph["window"].to_numpy(np.int64), ph["_p"].to_numpy(np.int64)
+    new = np.r_[True, (wv[1:] != wv[:-1]) | (pv[1:] != pv[:-1])]
+    first_of = np.flatnonzero(new)
+    gid = np.cumsum(new) - 1
+    groups = pd.DataFrame({"gid": np.arange(first_of.size), "window": wv[first_of],
+                           "phase": ph["phase"].to_numpy(dtype=object)[first_of],
+                           "category": ph["category"].to_numpy(dtype=object)[first_of],
+                           "first": first_of, "k": np.diff(np.r_[first_of, len(ph)])})
+    groups["n"] = groups["window"].map(n_of).to_numpy(np.int64)
+    ph["gid"] = gid
+    ph["pos"] = np.arange(len(ph)) - first_of[gid]
+    pairs = want[["window", "rank"]].merge(groups, on="window", how="inner")
+    own = pairs[["gid", "rank"]].merge(ph[["gid", "rank", "ns", "pos"]], on=["gid", "rank"], how="left")
+    n = pairs["n"].to_numpy(np.int64)
+    z = n - pairs["k"].to_numpy(np.int64)  # participants without the phase: zeros, sorted first
+    present = own["pos"].notna().to_numpy()
+    pos = np.where(present, z + own["pos"].fillna(0).to_numpy(np.int64), 0)
+    values = ph["ns"].to_numpy(np.int64)
+    first = pairs["first"].to_numpy(np.int64)
+    m = n - 1  # number of others
+
+    def other_at(i: np.ndarray) -> np.ndarray:  # i-th smallest of the others (the row itself skipped)
+        j = np.minimum(i + (i >= pos), n - 1)
+        return np.where(j >= z, values[np.clip(first + j - z, 0, values.size - 1)], 0)
+
+    lo, hi = other_at(np.maximum((m - 1) // 2, 0)), other_at(np.maximum(m // 2, 0))
+    peer = np.where(m > 0, lo + (hi - lo) // 2, 0)
+    out = pd.DataFrame({"window": pairs["window"].to_numpy(np.int64), "rank": pairs["rank"].to_numpy(np.int64),
+                        "phase": pairs["phase"].to_numpy(dtype=object),
+                        "category": pairs["category"].to_numpy(dtype=object),
+                        "ns": own["ns"].fillna(0).to_numpy(np.int64), "peer_ns": peer.astype(np.int64)})
+    out["excess_ns"] = out["ns"] - out["peer_ns"]
+    return out[EXCESS_COLUMNS]
+
+
+def causes_only(excess: pd.DataFrame) -> pd.DataFrame:
+    """Excess rows that can be a cause (victim phases dropped)."""
+    if not len(excess):
+        return excess
+    victim = excess["phase"].astype(str).str.startswith(WAIT_PREFIXES).to_numpy(bool) | (
+        excess["category"] == ov.WAIT).to_numpy(bool)
+    return excess[~victim]
+
+
+def _empty(columns: list[str]) -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+    for c in ("phase", "category"):
+        if c in out:
+            out[c] = out[c].astype(object)
+    return out

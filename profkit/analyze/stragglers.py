@@ -1,0 +1,380 @@
+"""Straggler analysis: who arrives late at the sync points, how much the others wait, and why.
+
+``straggler_table(events, steps)`` -> ``(per_rank, per_instance, lateness)``:
+
+- ``per_rank`` (``OUT/stragglers.csv``): ``STRAGGLER_COLUMNS`` then ``STRAGGLER_EXTRA_COLUMNS``;
+- ``per_instance``: one row per measured collective instance (``INSTANCE_COLUMNS``);
+- ``lateness`` (``OUT/lateness.csv``, the rank x step heatmap): ``LATENESS_COLUMNS``.
+
+Inputs must be on ONE timeline: events, steps and instances moved by ``profkit.align``
+(``apply_alignment``); arrival skew between ranks is meaningless on raw clocks.
+
+Definitions (int64 ns):
+
+- arrival: a rank's start of its part of a collective instance (GPU kernel start, or the start
+  of a blocking CPU collective span); instances are ``collectives.collective_instances`` rows,
+  only complete ones inside the common window of their participants are measured (capture
+  edges: a rank whose trace starts later or ends earlier makes the others "wait" for work
+  outside the window; see ``straggler_arrivals``).
+- ``late_ns`` of a rank at an instance: its arrival minus the median of the OTHER participants'
+  arrivals (two ranks: minus the other one's). ``late_ns_p50/p99``: over the rank's instances.
+- ``times_last``: instances where it arrived last; ``caused_wait_ns``: sum over those of every
+  other participant's wait (last arrival - its arrival), as issue 6 asks. It credits only the
+  very last rank: a second straggler late at the same moment gets nothing, so the verdict uses
+  ``excess_ns`` instead.
+- ``excess_ns``: sum over the rank's instances of its own-work excess (its work since its
+  previous sync point minus the median of its peers'); lateness inherited from a late release
+  at the previous sync point is a victim's and is not counted.
+- ``score``: relative performance, 1.0 = the best rank: the best rank's own work (summed step
+  time minus the time it waited at sync points) over this rank's. 0.8 = it needs 25% longer
+  for the same steps. Equal step times do not hide a straggler: its peers' time is waiting.
+- ``top_cause``: the phase on the rank's own timeline (``straggler_phases``) with the largest
+  excess over the same phase on its peers, summed over windows that tile the timeline once:
+  on the host, from where the hosts last synchronized (a CPU collective such as the DP
+  all-reduce, which may lie in the previous step; without one, the step start) to the next host
+  sync; on the GPU (``gpu:<kernel>``), from one GPU collective's exit to the next arrival. Waits
+  are never a cause. ``top_cause_ns`` is that excess: the time the cause cost this rank.
+  Per instance, the last arriver's ``top_cause`` is the same comparison over its window
+  before that arrival: the host's since the last host sync, or, where its GPU set the arrival
+  (``gpu_gated``: the kernel waited in the stream queue), the GPU's since the last collective.
+  ``host_excess_ns`` / ``gpu_excess_ns``: the excess summed over all host phases / all GPU
+  phases (``gpu:<kernel>``, seen while the host waited on its GPU): extra host work (e.g. a
+  uniformly slower host) and extra GPU work (e.g. hot experts) of the rank, each instant once.
+
+Verdict (``straggler`` column, ``straggler_ranks``): a rank is a straggler when its excess is
+significant on two counts: at least ``MIN_EXCESS_SHARE`` of the best rank's own work
+(``excess_share``: the step time without waiting, so that one big straggler does not dilute
+another one's share by stretching everyone's steps; worth reporting), and at least ``MIN_EXCESS_Z`` robust standard errors above zero over its steps
+(``excess_z``: mean per-step excess / (noise / sqrt(steps)), the noise being the robust spread
+of the other ranks' per-step excess, or with fewer than four ranks the lower part of the rank's
+own, which late steps do not inflate): clearly above its peers, not step-to-step noise). Both are measured against the median
+peer, so when every rank is equally slow no one is a straggler (the cause is shared).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profkit.analyze import straggler_arrivals as arr_mod
+from profkit.analyze import straggler_phases as ph_mod
+
+STRAGGLER_COLUMNS = ["rank", "times_last", "late_ns_p50", "late_ns_p99", "caused_wait_ns", "score", "top_cause"]
+STRAGGLER_EXTRA_COLUMNS = [
+    "straggler", "n_instances", "excess_ns", "excess_share", "excess_z", "top_cause_ns", "top_cause_category",
+    "second_cause", "second_cause_ns", "host_excess_ns", "gpu_excess_ns", "late_ns_total", "wait_ns", "own_work_ns", "step_total_ns",
+]
+INSTANCE_COLUMNS = [
+    "instance", "step", "group", "seq", "coll_name", "source_kind", "key", "n_ranks",
+    "first_rank", "first_start_ns", "last_rank", "last_start_ns", "arrival_skew_ns", "last_late_ns",
+    "caused_wait_ns", "end_spread_ns", "top_cause", "top_cause_ns",
+]
+LATENESS_COLUMNS = [
+    "rank", "step", "late_ns", "late_max_ns", "excess_ns", "times_last", "caused_wait_ns", "wait_ns",
+    "n_instances", "top_cause", "top_cause_ns",
+]
+
+MIN_EXCESS_SHARE = 0.10  # a straggler's own-work excess is at least 10% of the best rank's own work ...
+MIN_EXCESS_Z = 4.0  # ... and this many robust standard errors above zero
+MIN_SCALE_NS = 10_000  # floor of the per-step noise scale (10 us): below, timing noise
+MIN_PEERS_FOR_NOISE = 4  # ranks needed to measure per-step noise on the peers (else on the rank itself)
+TAIL_WINDOW = -1  # id of the accounting window after the last host sync
+
+
+def straggler_table(
+    events: pd.DataFrame,
+    steps: pd.DataFrame | None,
+    instances: pd.DataFrame | None = None,
+    matched: pd.DataFrame | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Per rank, per instance and per (rank, step) straggler tables (see the module docstring).
+
+    ``instances``: ``collective_instances`` rows on the aligned clocks (e.g.
+    ``apply_alignment(alignment.instances, alignment)``; incomplete rows welcome: they still
+    mark sync points); computed from ``events`` when None. ``matched``: ``match_instances`` of
+    them, for the group / sequence / end-spread columns (computed when None).
+    ``per_rank.attrs["report"]`` counts measured and dropped instances.
+    """
+    if instances is None:
+        from profkit.analyze.collectives import collective_instances
+
+        instances = collective_instances(events, complete_only=False)
+    extents = arr_mod.trace_windows(events)
+    arrivals, report = arr_mod.arrival_rows(instances, extents, steps)
+    report["unmatched_rows"] = int(instances.attrs.get("report", {}).get("unmatched_rows", 0)) if instances is not None else 0
+    ranks = sorted(set(extents["rank"].tolist()) | set(arrivals["rank"].tolist()))
+    if not len(arrivals):
+        per_rank = _per_rank(ranks, arrivals, steps, extents, _empty_excess(), {})
+        per_rank.attrs["report"] = report
+        return per_rank, _empty(INSTANCE_COLUMNS), _empty(LATENESS_COLUMNS)
+    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents)
+    explain = (arrivals["is_last"] | (arrivals["late_ns"] > 0)).to_numpy(bool)
+    gated = arrivals["gpu_gated"].to_numpy(bool)
+    # why each late arrival: its host's work since the hosts last synchronized, or for an arrival
+    # its GPU set, its GPU's work since the previous collective; against the same on the peers
+    host_w = _host_windows(arrivals)
+    host_x = ph_mod.causes_only(ph_mod.phase_excess(ph_mod.window_phases(host_pieces, host_w), host_w,
+                                                    explain & ~gated))
+    kernel = (arrivals["source_kind"] == "kernel").to_numpy(bool)
+    gpu_w = _gpu_windows(arrivals[kernel])
+    gpu_x = ph_mod.phase_excess(ph_mod.window_phases(gpu_pieces, gpu_w), gpu_w)  # every GPU window
+    wanted = set(arrivals.loc[explain & gated, ["instance", "rank"]].itertuples(index=False, name=None))
+    pick = [(w, r) in wanted for w, r in zip(gpu_x["window"], gpu_x["rank"])] if wanted else []
+    why = pd.concat([host_x, ph_mod.causes_only(gpu_x[np.asarray(pick, bool)]) if wanted else host_x.iloc[:0]],
+                    ignore_index=True)
+    # what each rank spent beyond its peers, each instant counted once: its host timeline cut at
+    # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
+    acc_w, acc_step = _accounting_windows(arrivals, steps, host_w, extents)
+    acc_x = ph_mod.causes_only(ph_mod.phase_excess(ph_mod.window_phases(host_pieces, acc_w), acc_w))
+    acc_x = pd.concat([acc_x[acc_x["category"] != ph_mod.GPU_CATEGORY], gpu_x], ignore_index=True)
+    acc_step.update(arrivals.groupby("instance")["step"].agg(lambda v: int(v.mode().iat[0])).astype(int).to_dict())
+    per_rank = _per_rank(ranks, arrivals, steps, extents, acc_x, report)
+    per_inst = _per_instance(arrivals, why, matched if matched is not None else _match(instances))
+    lateness = _lateness(arrivals, acc_x.assign(step=acc_x["window"].map(acc_step)))
+    per_rank.attrs["report"] = report
+    return per_rank, per_inst, lateness
+
+
+def straggler_ranks(per_rank: pd.DataFrame) -> list[int]:
+    """The straggler verdict: ranks flagged in ``per_rank``, largest excess first."""
+    if per_rank is None or not len(per_rank) or "straggler" not in per_rank:
+        return []
+    s = per_rank[per_rank["straggler"].astype(bool)].sort_values("excess_ns", ascending=False, kind="stable")
+    return [int(r) for r in s["rank"]]
+
+
+# ---- windows -------------------------------------------------------------------------------
+def _host_windows(arrivals: pd.DataFrame) -> pd.DataFrame:
+    """One window per (rank, instance): from the rank's last host sync to its arrival."""
+    return pd.DataFrame({"window": arrivals["instance"].to_numpy(np.int64), "rank": arrivals["rank"].to_numpy(np.int64),
+                         "start_ns": arrivals["host_start_ns"].to_numpy(np.int64),
+                         "end_ns": arrivals["start_ns"].to_numpy(np.int64)})
+
+
+def _gpu_windows(kernel_rows: pd.DataFrame) -> pd.DataFrame:
+    """One window per (rank, GPU collective instance): from the exit of the rank's previous
+    collective to its arrival (the GPU timeline between two collectives)."""
+    return pd.DataFrame({"window": kernel_rows["instance"].to_numpy(np.int64),
+                         "rank": kernel_rows["rank"].to_numpy(np.int64),
+                         "start_ns": kernel_rows["work_start_ns"].to_numpy(np.int64),
+                         "end_ns": kernel_rows["start_ns"].to_numpy(np.int64)})
+
+
+def _accounting_windows(arrivals: pd.DataFrame, steps: pd.DataFrame | None, inst_windows: pd.DataFrame,
+                        extents: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int]]:
+    """Windows that tile each rank's host timeline once: the host windows ending at CPU
+    collectives plus the tail after the last one; else the steps (window id = step); else the
+    instance windows. Returns the windows and each window's step."""
+    cpu = (arrivals["source_kind"] == "cpu_span").to_numpy(bool)
+    if cpu.any():
+        w = inst_windows[cpu]
+        step_of = arrivals[cpu].groupby("instance")["step"].agg(lambda s: int(s.mode().iat[0]))
+        steps_of = {int(k): int(v) for k, v in step_of.items()}
+        tail = _tail_windows(arrivals[cpu], steps, extents)
+        if len(tail):
+            steps_of[TAIL_WINDOW] = int(arrivals["step"].max())
+            w = pd.concat([w, tail], ignore_index=True)
+        return w, steps_of
+    if steps is not None and len(steps):
+        st = steps[steps.groupby("step")["rank"].transform("nunique") >= 2]
+        w = pd.DataFrame({"window": st["step"].to_numpy(np.int64), "rank": st["rank"].to_numpy(np.int64),
+                          "start_ns": st["start_ns"].to_numpy(np.int64), "end_ns": st["end_ns"].to_numpy(np.int64)})
+        return w, {int(s): int(s) for s in w["window"].unique()}
+    step_of = arrivals.groupby("instance")["step"].agg(lambda s: int(s.mode().iat[0]))
+    return inst_windows, {int(k): int(v) for k, v in step_of.items()}
+
+
+def _tail_windows(cpu_rows: pd.DataFrame, steps: pd.DataFrame | None, extents: pd.DataFrame) -> pd.DataFrame:
+    """After each rank's last measured CPU collective: its work up to the end of its last step
+    (the traces' common end without steps). No sync closes it, but every rank does the same
+    work there when all end with the same step (step-window captures do); else there is none."""
+    last = cpu_rows.sort_values("end_ns").groupby("rank").tail(1).set_index("rank")["end_ns"]
+    if steps is not None and len(steps):
+        final = steps.sort_values("start_ns").groupby("rank").tail(1).set_index("rank").reindex(last.index)
+        if final["step"].isna().any() or final["step"].nunique() != 1:
+            return pd.DataFrame(columns=ph_mod.WINDOW_COLUMNS)  # ranks end in different steps: no common work
+        end = final["end_ns"].to_numpy(np.int64)
+    else:
+        end = np.full(len(last), int(extents["trace_end_ns"].min()) if len(extents) else 0, np.int64)
+    w = pd.DataFrame({"window": TAIL_WINDOW, "rank": last.index.to_numpy(np.int64),
+                      "start_ns": last.to_numpy(np.int64), "end_ns": end})
+    w = w[w["end_ns"] > w["start_ns"]]
+    return w if len(w) >= 2 else w.iloc[:0]
+
+
+# ---- tables --------------------------------------------------------------------------------
+def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | None, extents: pd.DataFrame,
+              acc_excess: pd.DataFrame, report: dict) -> pd.DataFrame:
+    out = pd.DataFrame({"rank": np.asarray(ranks, np.int64)}).set_index("rank")
+    g = arrivals.groupby("rank")
+    out["n_instances"] = g.size().reindex(out.index).fillna(0).astype("int64")
+    out["times_last"] = g["is_last"].sum().reindex(out.index).fillna(0).astype("int64")
+    out["late_ns_p50"] = _quantile_ns(g["late_ns"], 0.5).reindex(out.index)
+    out["late_ns_p99"] = _quantile_ns(g["late_ns"], 0.99).reindex(out.index)
+    out["caused_wait_ns"] = g["caused_wait_ns"].sum().reindex(out.index).fillna(0).astype("int64")
+    late_pos = arrivals["late_ns"].clip(lower=0).groupby(arrivals["rank"]).sum()
+    out["late_ns_total"] = late_pos.reindex(out.index).fillna(0).astype("int64")
+    out["wait_ns"] = g["wait_ns"].sum().reindex(out.index).fillna(0).astype("int64")
+    out["excess_ns"] = g["work_excess_ns"].sum().reindex(out.index).fillna(0).astype("int64")
+    out["step_total_ns"] = _step_totals(out.index, steps, extents)
+    out["own_work_ns"] = out["step_total_ns"] - out["wait_ns"]
+    best = out.loc[out["own_work_ns"] > 0, "own_work_ns"].min() if (out["own_work_ns"] > 0).any() else np.nan
+    out["score"] = np.where(out["own_work_ns"] > 0, best / out["own_work_ns"].where(out["own_work_ns"] > 0), np.nan)
+    out["excess_share"] = out["excess_ns"] / best if best and best > 0 else np.nan
+    out["excess_z"] = _excess_z(arrivals).reindex(out.index)
+    out["straggler"] = ((out["excess_share"] >= MIN_EXCESS_SHARE) & (out["excess_z"] >= MIN_EXCESS_Z)).fillna(False)
+    is_gpu = acc_excess["category"].to_numpy(dtype=object) == ph_mod.GPU_CATEGORY
+    for col, mask in (("host_excess_ns", ~is_gpu), ("gpu_excess_ns", is_gpu)):
+        part = acc_excess[mask].groupby("rank")["excess_ns"].sum()
+        out[col] = part.reindex(out.index).fillna(0).astype("int64")
+    top = _top_causes(acc_excess)
+    for c in ("top_cause", "top_cause_ns", "top_cause_category", "second_cause", "second_cause_ns"):
+        out[c] = top[c].reindex(out.index) if len(top) else None
+    out["top_cause_ns"] = out["top_cause_ns"].astype("Int64")
+    out["second_cause_ns"] = out["second_cause_ns"].astype("Int64")
+    out = out.reset_index()
+    return out[STRAGGLER_COLUMNS + STRAGGLER_EXTRA_COLUMNS]
+
+
+def _quantile_ns(series_groups, q: float) -> pd.Series:
+    return series_groups.quantile(q, interpolation="nearest").astype("int64")
+
+
+def _step_totals(ranks: pd.Index, steps: pd.DataFrame | None, extents: pd.DataFrame) -> pd.Series:
+    """Summed step time per rank; without steps, the common traced window of all ranks."""
+    if steps is not None and len(steps):
+        tot = (steps["end_ns"].astype("int64") - steps["start_ns"].astype("int64")).groupby(steps["rank"]).sum()
+        return tot.reindex(ranks).fillna(0).astype("int64")
+    if len(extents):
+        span = int(extents["trace_end_ns"].min() - extents["trace_start_ns"].max())
+        return pd.Series(max(span, 0), index=ranks, dtype="int64")
+    return pd.Series(0, index=ranks, dtype="int64")
+
+
+def _excess_z(arrivals: pd.DataFrame) -> pd.Series:
+    """Robust z of each rank's mean per-step own-work excess (per instance without steps).
+
+    The noise is what clean ranks show: with ``MIN_PEERS_FOR_NOISE`` or more ranks, the robust
+    spread (1.4826 x MAD) of the OTHER ranks' per-step excess, pooled (a few stragglers among
+    them barely move it); with fewer (DEP2: the other rank's excess is this one's mirror image),
+    the lower part of the rank's own per-step excess (``_lower_scale``)."""
+    unit = np.where(arrivals["step"].to_numpy() >= 0, arrivals["step"].to_numpy(), -1 - arrivals["instance"].to_numpy())
+    per = arrivals.assign(_u=unit).groupby(["rank", "_u"])["work_excess_ns"].sum().unstack()
+    mat = per.to_numpy(np.float64)
+    out = {}
+    for i, rank in enumerate(per.index):
+        v = mat[i][~np.isnan(mat[i])]
+        if not v.size:
+            continue
+        if per.shape[0] >= MIN_PEERS_FOR_NOISE:
+            peers = np.delete(mat, i, axis=0)
+            peers = peers[~np.isnan(peers)]
+            scale = 1.4826 * float(np.median(np.abs(peers - np.median(peers))))
+        else:
+            scale = _lower_scale(v)
+        out[int(rank)] = float(v.mean() * np.sqrt(v.size) / max(scale, MIN_SCALE_NS))
+    return pd.Series(out, dtype="float64")
+
+
+def _lower_scale(v: np.ndarray) -> float:
+    """Noise scale (a standard deviation) from the lower part of the values: (40th - 10th
+    percentile) / 1.028, the normal distribution's distance between them. Late steps, the thing
+    looked for, are upward outliers: up to about half of the steps can be late without inflating
+    it, and a constant shift (a persistently slow rank) does not change it either."""
+    if v.size < 2:
+        return 0.0
+    q10, q40 = np.quantile(v, [0.10, 0.40])
+    return float((q40 - q10) / 1.0283)
+
+
+def _top_causes(excess: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: the phases with the largest summed excess (first and second), if positive."""
+    if not len(excess):
+        return pd.DataFrame()
+    tot = excess.groupby(["rank", "phase"], sort=False).agg(ns=("excess_ns", "sum"), category=("category", "first"))
+    tot = tot.reset_index().sort_values(["rank", "ns", "phase"], ascending=[True, False, True], kind="stable")
+    tot = tot[tot["ns"] > 0]
+    first = tot.groupby("rank").nth(0).set_index("rank")
+    second = tot.groupby("rank").nth(1).set_index("rank")
+    return pd.DataFrame({
+        "top_cause": first["phase"], "top_cause_ns": first["ns"].astype("int64"),
+        "top_cause_category": first["category"],
+        "second_cause": second["phase"].reindex(first.index), "second_cause_ns": second["ns"].reindex(first.index),
+    })
+
+
+def _per_instance(arrivals: pd.DataFrame, excess: pd.DataFrame, matched: pd.DataFrame | None) -> pd.DataFrame:
+    a = arrivals.sort_values(["instance", "start_ns", "rank"], kind="stable")
+    g = a.groupby("instance", sort=True)
+    first, last = g.head(1).set_index("instance"), g.tail(1).set_index("instance")
+    out = pd.DataFrame({
+        "step": g["step"].agg(lambda s: int(s.mode().iat[0])),
+        "coll_name": first["coll_name"], "source_kind": first["source_kind"], "key": first["key"],
+        "n_ranks": first["n_ranks"],
+        "first_rank": first["rank"], "first_start_ns": first["start_ns"],
+        "last_rank": last["rank"], "last_start_ns": last["start_ns"],
+        "last_late_ns": last["late_ns"], "caused_wait_ns": last["caused_wait_ns"],
+    })
+    out["arrival_skew_ns"] = out["last_start_ns"] - out["first_start_ns"]
+    if matched is not None and len(matched) and "instance" in matched:
+        m = matched.drop_duplicates("instance").set_index("instance")
+        for c in ("group", "seq", "end_spread_ns"):
+            out[c] = m[c].reindex(out.index) if c in m else None
+    else:
+        out["group"], out["seq"], out["end_spread_ns"] = None, None, None
+    top = _best(excess.merge(last[["rank"]].reset_index().rename(columns={"instance": "window"}),
+                             on=["window", "rank"]), "window") if len(excess) else pd.DataFrame()
+    out["top_cause"] = top["phase"].reindex(out.index) if len(top) else None
+    out["top_cause_ns"] = (top["excess_ns"].reindex(out.index) if len(top) else pd.Series(index=out.index,
+                                                                                           dtype="float64")).astype("Int64")
+    out = out.reset_index()
+    for c in ("seq", "end_spread_ns"):
+        out[c] = out[c].astype("Int64")
+    return out[INSTANCE_COLUMNS]
+
+
+def _best(excess: pd.DataFrame, by) -> pd.DataFrame:
+    """Row of the largest positive excess per group ``by``."""
+    pos = excess[excess["excess_ns"] > 0]
+    if not len(pos):
+        return pd.DataFrame()
+    pos = pos.sort_values("excess_ns", ascending=False, kind="stable")
+    return pos.groupby(by, sort=False).head(1).set_index(by)
+
+
+def _lateness(arrivals: pd.DataFrame, acc_excess: pd.DataFrame) -> pd.DataFrame:
+    g = arrivals.assign(_late_pos=arrivals["late_ns"].clip(lower=0)).groupby(["rank", "step"], sort=True)
+    out = pd.DataFrame({
+        "late_ns": g["_late_pos"].sum().astype("int64"),
+        "late_max_ns": g["late_ns"].max().astype("int64"),
+        "excess_ns": g["work_excess_ns"].sum().astype("int64"),
+        "times_last": g["is_last"].sum().astype("int64"),
+        "caused_wait_ns": g["caused_wait_ns"].sum().astype("int64"),
+        "wait_ns": g["wait_ns"].sum().astype("int64"),
+        "n_instances": g.size().astype("int64"),
+    })
+    if len(acc_excess):
+        per = acc_excess.groupby(["rank", "step", "phase"], sort=False)["excess_ns"].sum().reset_index()
+        top = _best(per, ["rank", "step"])
+        out["top_cause"] = top["phase"].reindex(out.index) if len(top) else None
+        out["top_cause_ns"] = (top["excess_ns"].reindex(out.index) if len(top) else np.nan)
+    else:
+        out["top_cause"], out["top_cause_ns"] = None, np.nan
+    out["top_cause_ns"] = pd.Series(out["top_cause_ns"], index=out.index, dtype="float64").astype("Int64")
+    return out.reset_index()[LATENESS_COLUMNS]
+
+
+def _match(instances: pd.DataFrame) -> pd.DataFrame | None:
+    if instances is None or not len(instances):
+        return None
+    from profkit.analyze.collectives import match_instances
+
+    return match_instances(instances)
+
+
+def _empty_excess() -> pd.DataFrame:
+    return ph_mod._empty(ph_mod.EXCESS_COLUMNS)
+
+
+def _empty(columns: list[str]) -> pd.DataFrame:
+    text = {"top_cause", "coll_name", "source_kind", "key", "group", "top_cause_category", "second_cause"}
+    return pd.DataFrame({c: pd.Series(dtype=object if c in text else "int64") for c in columns})

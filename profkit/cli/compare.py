@@ -1,0 +1,134 @@
+"""``profkit compare BASE CAND``: every headline metric with its change, a bootstrap interval and a
+verdict; exit code 1 on a regression beyond the threshold, so CI can gate on it."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+EPILOG = """\
+BASE and CAND are analysis folders (OUT of `profkit analyze -o OUT`) or runs in the history
+database (--db): a label (the latest run with it) or #ID.
+
+metrics: step time p50 and p90, GPU-only (GPU busy) time p50, gap (step - GPU busy) p50, each top
+cause's time per step (cause_steps.csv or a recorded run gives it an interval; causes.csv alone
+gives only the point change), worst-rank lateness per step (lateness.csv), straggler score
+(stragglers.csv), EP balancedness (balance.csv). Intervals: 95% bootstrap over steps (all ranks of
+a step resampled together), BASE and CAND resampled independently, seeded (--seed).
+
+verdicts, for [lo, hi] the interval of the relative change and t the threshold:
+  regressed     lo > +t for a lower-is-better metric (times), hi < -t for balancedness
+  improved      the mirror image
+  within noise  neither: the change is not beyond t at 95% confidence
+  not judged    no per-step samples on one side (shown, never gates)
+A step-level metric's change is relative to its own baseline value; a cause's (and lateness's)
+is relative to the baseline's step time p50: what the cause costs a step. The overall verdict is
+`regressed` if any metric regressed. Exit code 1 then, 2 on unusable input, else 0.
+
+uses: gate CI on a nightly capture (`profkit compare last-good-nightly out/ --db runs.sqlite`);
+compare a mirror and a lag replay of the same requests (analyze each, then
+`profkit compare mirror_out/ lag_out/`): the change in step time and in the waits is what DP
+imbalance costs.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="baseline vs candidate: changes, bootstrap intervals, verdict (exit 1 on regression)",
+                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("base", metavar="BASE", help="baseline: analysis folder, or label / #ID in --db")
+    p.add_argument("cand", metavar="CAND", help="candidate: analysis folder, or label / #ID in --db")
+    p.add_argument("--threshold", default="5%", metavar="PCT", help="smallest change that counts (default 5%%)")
+    p.add_argument("--db", default=os.environ.get("PROFKIT_HISTORY_DB"), metavar="FILE",
+                   help="history database for labels (default $PROFKIT_HISTORY_DB)")
+    p.add_argument("--seed", type=int, default=0, metavar="K", help="bootstrap seed (default 0: reproducible)")
+    p.add_argument("--resamples", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
+    p.add_argument("--top-causes", type=int, default=5, metavar="N", help="compare the top N causes of each run (default 5)")
+    p.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the one-line verdict")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from profkit.analyze import compare as cmp
+    from profkit.history import HistoryDB, RunError, SchemaError, resolve_run, samples_of
+
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    try:
+        threshold = cmp.parse_threshold(args.threshold)
+        if args.resamples < 100:
+            raise ValueError("--resamples: at least 100")
+        needs_db = not (Path(args.base).is_dir() and Path(args.cand).is_dir())
+        db = HistoryDB(args.db, create=False) if args.db and needs_db else None
+        try:
+            say(f"loading {args.base}")
+            base = resolve_run(args.base, db)
+            say(f"loading {args.cand}")
+            cand = resolve_run(args.cand, db)
+        finally:
+            if db is not None:
+                db.close()
+    except (ValueError, RunError, SchemaError, sqlite3.Error) as exc:
+        print(f"profkit compare: {exc}", file=sys.stderr)
+        return 2
+    for name, r in (("BASE", base), ("CAND", cand)):
+        if not len(r.steps):
+            print(f"profkit compare: {name} {r.source or r.name}: no steps to compare", file=sys.stderr)
+            return 2
+    say(f"bootstrapping ({args.resamples} resamples, seed {args.seed})")
+    result = cmp.compare(samples_of(base), samples_of(cand), threshold=threshold, n_resamples=args.resamples,
+                         seed=args.seed, top_causes=args.top_causes, base_name=base.name, cand_name=cand.name)
+    if args.quiet:
+        print(result.headline)
+    else:
+        print(render(result, base, cand))
+    if args.json:
+        doc = result.to_dict()
+        doc["notes"] = {"base": base.notes, "candidate": cand.notes}
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+        say(f"wrote {args.json}")
+    return 1 if result.regressed else 0
+
+
+def render(result, base, cand) -> str:
+    """The comparison as a table that fits 120 columns, then the verdict sentence."""
+    from profkit.analyze import compare as cmp
+
+    lines = [
+        f"base {base.name}: {len(base.steps)} step samples, {base.n_ranks} rank(s)",
+        f"cand {cand.name}: {len(cand.steps)} step samples, {cand.n_ranks} rank(s)",
+        f"threshold {result.threshold:.0%}; {result.confidence:.0%} bootstrap intervals over steps "
+        f"({result.n_resamples} resamples, seed {result.seed})",
+        "",
+        f"{'metric':40} {'base':>10} {'cand':>10} {'change':>10} {'change %':>9}  {'95% interval of change %':26} verdict",
+    ]
+    for c in result.changes:
+        m = c.metric
+        name = ("cause: " if m.source.startswith(cmp.CAUSE_PREFIX) else "") + m.label
+        name = name if len(name) <= 40 else name[:39] + "~"
+        lo, hi = c.rel_ci
+        ci = f"[{cmp.fmt_pct(lo)}, {cmp.fmt_pct(hi)}]" if math.isfinite(lo) else "-"
+        if m.relative_to == "step" and math.isfinite(lo):
+            ci += " of step"
+        verdict = c.verdict + (f" ({c.note})" if c.note else "")
+        lines.append(f"{name:40} {_v(c.base, m.unit):>10} {_v(c.cand, m.unit):>10} {_v(c.delta, m.unit, signed=True):>10}"
+                     f" {cmp.fmt_pct(c.rel):>9}  {ci:26} {verdict}")
+    lines.append("(times in ms; a cause is its time per rank and step; % of a cause is of the base step time p50)")
+    for who, r in (("base", base), ("cand", cand)):
+        for note in r.notes:
+            lines.append(f"note ({who}): {note}")
+    lines += ["", result.headline]
+    return "\n".join(lines)
+
+
+def _v(x: float, unit: str, signed: bool = False) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    if unit == "ratio":
+        return f"{x:+.3f}" if signed else f"{x:.3f}"
+    return f"{x / 1e6:+.3f}" if signed else f"{x / 1e6:.3f}"
