@@ -139,6 +139,24 @@ def test_gc_rank_pauses_and_the_others_wait(gc_capture):
     assert (last == 2).sum() >= len(last) - 1, last
 
 
+def test_analyze_names_rank_2_the_straggler_with_gc(gc_capture, tmp_path):
+    """The issue's CI check: `profkit analyze DIR` of the capture, with nothing else, names rank 2
+    the straggler with GC as its cause, and the other ranks' waits are charged to rank 2."""
+    out = tmp_path / "analysis"
+    proc = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(gc_capture), "-o", str(out)], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stragglers: rank 2 (gc +" in proc.stdout, proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stragglers"] == [2]
+    per_rank = pd.read_csv(out / "stragglers.csv")
+    row = per_rank.set_index("rank").loc[2]
+    assert row["top_cause"] == "gc" and row["score"] < 1.0
+    assert per_rank.set_index("rank")["caused_wait_ns"].idxmax() == 2
+    causes = pd.read_csv(out / "causes.csv")
+    assert "waiting for rank 2" in set(causes["cause"]) and "gc" in set(causes["cause"])
+
+
 def test_manifest_describes_the_capture(gc_capture):
     m = manifest(gc_capture)
     assert m["profkit_capture"] == 1 and m["command"][-8:-2] == ["--ranks", "4", "--steps", "30", "--inject",

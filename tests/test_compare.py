@@ -178,7 +178,10 @@ def test_same_capture_twice_is_within_noise(outs, capsys, tmp_path):
     assert out.strip().splitlines()[-1].startswith("within noise")
     doc = json.loads(js.read_text())
     assert doc["verdict"] == "within noise"
-    assert all(m["verdict"] == "within noise" for m in doc["metrics"])
+    # one-number-per-run metrics (the straggler score) have no per-step samples: "not judged"
+    assert all(m["verdict"] == "within noise" or (m["verdict"] == "not judged" and m["note"] == "no per-step samples")
+               for m in doc["metrics"])
+    assert sum(m["verdict"] == "within noise" for m in doc["metrics"]) >= 5
     assert all(m["delta"] == 0 for m in doc["metrics"])
 
 

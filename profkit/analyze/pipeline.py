@@ -11,10 +11,13 @@ import pandas as pd
 
 from profkit import __version__
 from profkit.align import Alignment, apply_alignment, estimate
+from profkit.analyze.balance import dp_imbalance, ep_balance
 from profkit.analyze.gpu import gpu_timelines
 from profkit.analyze.overhead import charge, rank_causes
 from profkit.analyze.steps import step_table
+from profkit.analyze.stragglers import straggler_ranks, straggler_table
 from profkit.analyze.summary import rank_summary
+from profkit.analyze.window import clip_to_recorded
 from profkit.ingest.loader import Capture
 
 
@@ -30,6 +33,11 @@ class Analysis:
     causes: pd.DataFrame
     # one row per charged GPU-idle interval (rank, step, cause, dur_ns, ...)
     charged: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stragglers: pd.DataFrame | None = None  # per rank: STRAGGLER_COLUMNS first
+    straggler_instances: pd.DataFrame | None = None  # per collective instance: skew, last arriver
+    lateness: pd.DataFrame | None = None  # per (rank, step): lateness at sync points
+    straggler_ranks: list[int] | None = None  # None: not computed
+    balance: dict[str, pd.DataFrame] | None = None  # "ep" (when loads known), "dp"; None: not computed
     warnings: list[str] = field(default_factory=list)
     version: str = __version__
 
@@ -42,12 +50,24 @@ def align(events: pd.DataFrame) -> tuple[pd.DataFrame, Alignment | None, list[st
     return apply_alignment(events, alignment), alignment, [f"alignment: {w}" for w in alignment.warnings]
 
 
-def analyze(capture: Capture, step_pattern: str | None = None) -> Analysis:
+def analyze(capture: Capture, step_pattern: str | None = None, expert_loads: pd.DataFrame | None = None) -> Analysis:
+    """``expert_loads``: rows ``rank, step, layer, tokens`` (see ``balance.parse_expert_loads``)."""
     events, alignment, warnings = align(capture.events)
-    steps = step_table(events, step_pattern)
+    steps = step_table(events, step_pattern)  # whole steps only: judged before the cut below
+    events, cut = clip_to_recorded(events)
+    for rank, n in sorted(cut.items()):
+        warnings.append(f"rank {rank}: {n} event(s) outside the window every source recorded left out")
+    for rank, n in sorted(steps.attrs.get("dropped_steps", {}).items()):
+        warnings.append(f"rank {rank}: {n} step(s) left out: not recorded whole by every source "
+                        "(outside or at the edge of a profiler window)")
     timelines = gpu_timelines(events)
     marker = str(steps["marker"].iloc[0]) if len(steps) else None
     charged, windows = charge(events, steps)
+    instances = apply_alignment(alignment.instances, alignment) if alignment is not None else None
+    per_rank, per_instance, lateness = straggler_table(events, steps, instances)
+    balance = {"dp": dp_imbalance(steps, events)}
+    if expert_loads is not None and len(expert_loads):
+        balance["ep"] = ep_balance(expert_loads)
     return Analysis(
         capture=capture,
         events=events,
@@ -58,5 +78,10 @@ def analyze(capture: Capture, step_pattern: str | None = None) -> Analysis:
         step_marker=marker,
         causes=rank_causes(charged, windows),
         charged=charged,
+        stragglers=per_rank,
+        straggler_instances=per_instance,
+        lateness=lateness,
+        straggler_ranks=straggler_ranks(per_rank),
+        balance=balance,
         warnings=warnings,
     )

@@ -17,6 +17,7 @@ import pandas as pd
 from profkit import schema
 from profkit.analyze import gpu
 from profkit.analyze import intervals as iv
+from profkit.analyze.window import recorded_window
 
 
 @dataclass(frozen=True)
@@ -142,9 +143,33 @@ def _tok(text: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
+def drop_partly_recorded_steps(spans: pd.DataFrame, events: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int]]:
+    """Keep the steps every source of their rank recorded from start to end.
+
+    profkit's span files cover the whole run while a profiler (torch, nsys) records a window of
+    steps, and starting or stopping it costs seconds inside the first and last step of that
+    window: those steps, and the steps outside the window, would be measured without their GPU
+    side. Returns the kept spans and the number dropped per rank.
+    """
+    if spans.empty or "source" not in events.columns or events["source"].nunique() < 2:
+        return spans, {}
+    window = recorded_window(events)
+    rank = spans["rank"].astype("int64")
+    inside = (spans["start_ns"].to_numpy() >= rank.map(window["first_ns"]).to_numpy()) & (
+        spans["end_ns"].to_numpy() <= rank.map(window["last_ns"]).to_numpy()
+    )
+    dropped = spans.loc[~inside].groupby("rank").size()
+    return spans.loc[inside], {int(r): int(n) for r, n in dropped.items()}
+
+
 def step_table(events: pd.DataFrame, step_pattern: str | None = None) -> pd.DataFrame:
-    """Per (rank, step): wall time, GPU busy and kernel time inside the step, and the gap."""
+    """Per (rank, step): wall time, GPU busy and kernel time inside the step, and the gap.
+
+    Steps that some source of the rank recorded only in part are left out (see
+    ``drop_partly_recorded_steps``); ``attrs["dropped_steps"]`` says how many per rank.
+    """
     spans = find_step_spans(events, step_pattern)
+    spans, dropped = drop_partly_recorded_steps(spans, events)
     if spans.empty:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]}).reindex(columns=STEP_COLUMNS)
     parts = []
@@ -164,4 +189,6 @@ def step_table(events: pd.DataFrame, step_pattern: str | None = None) -> pd.Data
     with np.errstate(divide="ignore", invalid="ignore"):
         steps["gpu_idle_share"] = np.where(steps["step_ns"] > 0, steps["gap_ns"] / steps["step_ns"], np.nan)
     steps = pd.concat([steps, step_batch_facts(steps["name"])], axis=1)
-    return steps[STEP_COLUMNS].sort_values(["rank", "start_ns"]).reset_index(drop=True)
+    steps = steps[STEP_COLUMNS].sort_values(["rank", "start_ns"]).reset_index(drop=True)
+    steps.attrs["dropped_steps"] = dropped
+    return steps

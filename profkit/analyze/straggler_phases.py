@@ -17,6 +17,9 @@ one phase, from the critical-path point of view of its launching threads:
    (``Scheduler.schedule``), a step span's self time (``EngineCore.step``), a blocking CPU
    collective as ``wait:<span>``, ``unattributed (no host activity)``.
 
+The GPU timeline gets its own pieces (``gpu_pieces``): compute-busy time named ``gpu:<kernel>``
+after the kernel running, for arrivals the GPU set (a kernel that waited in the stream queue).
+
 Phase time is summed per window and compared with the median of the other participants' time in
 the same phase and the same window (a peer without the phase counts 0). Waits are victim time
 and are never a cause (``is_victim_phase``).

@@ -42,13 +42,18 @@ Definitions (int64 ns):
   uniformly slower host) and extra GPU work (e.g. hot experts) of the rank, each instant once.
 
 Verdict (``straggler`` column, ``straggler_ranks``): a rank is a straggler when its excess is
-significant on two counts: at least ``MIN_EXCESS_SHARE`` of the best rank's own work
-(``excess_share``: the step time without waiting, so that one big straggler does not dilute
-another one's share by stretching everyone's steps; worth reporting), and at least ``MIN_EXCESS_Z`` robust standard errors above zero over its steps
-(``excess_z``: mean per-step excess / (noise / sqrt(steps)), the noise being the robust spread
-of the other ranks' per-step excess, or with fewer than four ranks the lower part of the rank's
-own, which late steps do not inflate): clearly above its peers, not step-to-step noise). Both are measured against the median
-peer, so when every rank is equally slow no one is a straggler (the cause is shared).
+significant on two counts:
+
+- size: at least ``MIN_EXCESS_SHARE`` of the best rank's own work (``excess_share``; the step
+  time without waiting, so that one big straggler does not dilute another one's share by
+  stretching everyone's steps): worth reporting;
+- evidence: at least ``MIN_EXCESS_Z`` robust standard errors above zero (``excess_z`` = mean
+  per-step excess / (noise / sqrt(steps)); the noise is the robust spread of the OTHER ranks'
+  per-step excess, or with fewer than four ranks the lower part of the rank's own, which late
+  steps do not inflate): clearly above its peers, not step-to-step noise.
+
+Both are measured against the median peer, so when every rank is equally slow no one is a
+straggler (the cause is shared; ``causes.csv`` shows it).
 """
 from __future__ import annotations
 
@@ -61,7 +66,8 @@ from profkit.analyze import straggler_phases as ph_mod
 STRAGGLER_COLUMNS = ["rank", "times_last", "late_ns_p50", "late_ns_p99", "caused_wait_ns", "score", "top_cause"]
 STRAGGLER_EXTRA_COLUMNS = [
     "straggler", "n_instances", "excess_ns", "excess_share", "excess_z", "top_cause_ns", "top_cause_category",
-    "second_cause", "second_cause_ns", "host_excess_ns", "gpu_excess_ns", "late_ns_total", "wait_ns", "own_work_ns", "step_total_ns",
+    "second_cause", "second_cause_ns", "host_excess_ns", "gpu_excess_ns", "late_ns_total", "wait_ns", "own_work_ns",
+    "step_total_ns",
 ]
 INSTANCE_COLUMNS = [
     "instance", "step", "group", "seq", "coll_name", "source_kind", "key", "n_ranks",
@@ -73,7 +79,7 @@ LATENESS_COLUMNS = [
     "n_instances", "top_cause", "top_cause_ns",
 ]
 
-MIN_EXCESS_SHARE = 0.10  # a straggler's own-work excess is at least 10% of the best rank's own work ...
+MIN_EXCESS_SHARE = 0.05  # a straggler's own-work excess is at least 5% of the best rank's own work ...
 MIN_EXCESS_Z = 4.0  # ... and this many robust standard errors above zero
 MIN_SCALE_NS = 10_000  # floor of the per-step noise scale (10 us): below, timing noise
 MIN_PEERS_FOR_NOISE = 4  # ranks needed to measure per-step noise on the peers (else on the rank itself)
@@ -100,7 +106,7 @@ def straggler_table(
         instances = collective_instances(events, complete_only=False)
     extents = arr_mod.trace_windows(events)
     arrivals, report = arr_mod.arrival_rows(instances, extents, steps)
-    report["unmatched_rows"] = int(instances.attrs.get("report", {}).get("unmatched_rows", 0)) if instances is not None else 0
+    report["unmatched_rows"] = int(instances.attrs.get("report", {}).get("unmatched_rows", 0))
     ranks = sorted(set(extents["rank"].tolist()) | set(arrivals["rank"].tolist()))
     if not len(arrivals):
         per_rank = _per_rank(ranks, arrivals, steps, extents, _empty_excess(), {})
@@ -126,7 +132,7 @@ def straggler_table(
     acc_w, acc_step = _accounting_windows(arrivals, steps, host_w, extents)
     acc_x = ph_mod.causes_only(ph_mod.phase_excess(ph_mod.window_phases(host_pieces, acc_w), acc_w))
     acc_x = pd.concat([acc_x[acc_x["category"] != ph_mod.GPU_CATEGORY], gpu_x], ignore_index=True)
-    acc_step.update(arrivals.groupby("instance")["step"].agg(lambda v: int(v.mode().iat[0])).astype(int).to_dict())
+    acc_step.update(_instance_steps(arrivals).to_dict())
     per_rank = _per_rank(ranks, arrivals, steps, extents, acc_x, report)
     per_inst = _per_instance(arrivals, why, matched if matched is not None else _match(instances))
     lateness = _lateness(arrivals, acc_x.assign(step=acc_x["window"].map(acc_step)))
@@ -167,8 +173,7 @@ def _accounting_windows(arrivals: pd.DataFrame, steps: pd.DataFrame | None, inst
     cpu = (arrivals["source_kind"] == "cpu_span").to_numpy(bool)
     if cpu.any():
         w = inst_windows[cpu]
-        step_of = arrivals[cpu].groupby("instance")["step"].agg(lambda s: int(s.mode().iat[0]))
-        steps_of = {int(k): int(v) for k, v in step_of.items()}
+        steps_of = {int(k): int(v) for k, v in _instance_steps(arrivals[cpu]).items()}
         tail = _tail_windows(arrivals[cpu], steps, extents)
         if len(tail):
             steps_of[TAIL_WINDOW] = int(arrivals["step"].max())
@@ -179,8 +184,7 @@ def _accounting_windows(arrivals: pd.DataFrame, steps: pd.DataFrame | None, inst
         w = pd.DataFrame({"window": st["step"].to_numpy(np.int64), "rank": st["rank"].to_numpy(np.int64),
                           "start_ns": st["start_ns"].to_numpy(np.int64), "end_ns": st["end_ns"].to_numpy(np.int64)})
         return w, {int(s): int(s) for s in w["window"].unique()}
-    step_of = arrivals.groupby("instance")["step"].agg(lambda s: int(s.mode().iat[0]))
-    return inst_windows, {int(k): int(v) for k, v in step_of.items()}
+    return inst_windows, {int(k): int(v) for k, v in _instance_steps(arrivals).items()}
 
 
 def _tail_windows(cpu_rows: pd.DataFrame, steps: pd.DataFrame | None, extents: pd.DataFrame) -> pd.DataFrame:
@@ -201,6 +205,13 @@ def _tail_windows(cpu_rows: pd.DataFrame, steps: pd.DataFrame | None, extents: p
     return w if len(w) >= 2 else w.iloc[:0]
 
 
+def _instance_steps(arrivals: pd.DataFrame) -> pd.Series:
+    """The step of each instance: the one most of its participants were in (lowest on a tie)."""
+    n = arrivals.groupby(["instance", "step"], sort=True).size().reset_index(name="n")
+    n = n.sort_values(["instance", "n", "step"], ascending=[True, False, True], kind="stable")
+    return n.groupby("instance", sort=True)["step"].first().astype("int64")
+
+
 # ---- tables --------------------------------------------------------------------------------
 def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | None, extents: pd.DataFrame,
               acc_excess: pd.DataFrame, report: dict) -> pd.DataFrame:
@@ -208,8 +219,8 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     g = arrivals.groupby("rank")
     out["n_instances"] = g.size().reindex(out.index).fillna(0).astype("int64")
     out["times_last"] = g["is_last"].sum().reindex(out.index).fillna(0).astype("int64")
-    out["late_ns_p50"] = _quantile_ns(g["late_ns"], 0.5).reindex(out.index)
-    out["late_ns_p99"] = _quantile_ns(g["late_ns"], 0.99).reindex(out.index)
+    out["late_ns_p50"] = _quantile_ns(g["late_ns"], 0.5).reindex(out.index).astype("Int64")
+    out["late_ns_p99"] = _quantile_ns(g["late_ns"], 0.99).reindex(out.index).astype("Int64")
     out["caused_wait_ns"] = g["caused_wait_ns"].sum().reindex(out.index).fillna(0).astype("int64")
     late_pos = arrivals["late_ns"].clip(lower=0).groupby(arrivals["rank"]).sum()
     out["late_ns_total"] = late_pos.reindex(out.index).fillna(0).astype("int64")
@@ -307,7 +318,7 @@ def _per_instance(arrivals: pd.DataFrame, excess: pd.DataFrame, matched: pd.Data
     g = a.groupby("instance", sort=True)
     first, last = g.head(1).set_index("instance"), g.tail(1).set_index("instance")
     out = pd.DataFrame({
-        "step": g["step"].agg(lambda s: int(s.mode().iat[0])),
+        "step": _instance_steps(arrivals),
         "coll_name": first["coll_name"], "source_kind": first["source_kind"], "key": first["key"],
         "n_ranks": first["n_ranks"],
         "first_rank": first["rank"], "first_start_ns": first["start_ns"],

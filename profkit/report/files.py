@@ -34,6 +34,7 @@ def summary_document(analysis) -> dict[str, Any]:
     return {
         "profkit_version": analysis.version,
         "step_marker": analysis.step_marker,
+        "stragglers": None if analysis.straggler_ranks is None else [int(r) for r in analysis.straggler_ranks],
         "n_ranks": len(ranks),
         "ranks": ranks,
         "inputs": [{k: _jsonable(v) for k, v in r.items()} for r in analysis.capture.parts.to_dict("records")],
@@ -61,7 +62,26 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
 
     cause_steps_path = out / "cause_steps.csv"  # per (rank, step, cause): samples for compare's intervals
     cause_step_table(analysis.charged).to_csv(cause_steps_path, index=False)
+    written = [summary_path, steps_path, causes_path, cause_steps_path]
+    from profkit.analyze.stragglers import STRAGGLER_COLUMNS
+
+    if analysis.stragglers is not None:
+        per_rank = analysis.stragglers
+        extra = [c for c in per_rank.columns if c not in STRAGGLER_COLUMNS]
+        written.append(_csv(per_rank[STRAGGLER_COLUMNS + extra], out / "stragglers.csv"))
+        written.append(_csv(analysis.lateness, out / "lateness.csv"))
+        written.append(_csv(analysis.straggler_instances, out / "straggler_instances.csv"))
+    balance = analysis.balance or {}
+    if "ep" in balance:
+        written.append(_csv(balance["ep"], out / "balance.csv"))
+    if "dp" in balance:
+        written.append(_csv(balance["dp"], out / "dp_imbalance.csv"))
     from profkit.report.html import write_report
 
-    report_path = write_report(analysis, out)
-    return [summary_path, steps_path, causes_path, cause_steps_path, report_path]
+    written.append(write_report(analysis, out))
+    return written
+
+
+def _csv(frame: pd.DataFrame, path: Path) -> Path:
+    frame.to_csv(path, index=False)
+    return path

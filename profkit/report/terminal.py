@@ -35,6 +35,9 @@ def render_summary(analysis) -> str:
         )
     else:
         lines.append("no serving steps found (no step markers; try --step-pattern REGEX); whole-trace GPU timeline only")
+    per_rank = getattr(analysis, "stragglers", None)
+    if per_rank is not None and len(per_rank):
+        lines.append(straggler_line(per_rank, getattr(analysis, "straggler_ranks", None) or []))
     causes = getattr(analysis, "causes", None)
     if causes is not None and len(causes):
         lines.append("top causes of GPU-idle step time (all ranks and steps):")
@@ -68,3 +71,17 @@ def render_summary(analysis) -> str:
         if len(warnings) > 20:
             lines.append(f"  ... and {len(warnings) - 20} more (see summary.json)")
     return "\n".join(lines)
+
+
+def straggler_line(per_rank: pd.DataFrame, ranks: list[int]) -> str:
+    """``stragglers: rank 1 (EngineCore.step +76.6 ms, Scheduler.schedule +37.7 ms; score 0.72)``."""
+    if not ranks:
+        return "stragglers: none (no rank makes the others wait beyond the noise)"
+    parts = []
+    for rank in ranks:
+        row = per_rank[per_rank["rank"] == rank].iloc[0]
+        why = [f"{row['top_cause']} +{_ms(row.get('top_cause_ns'))} ms"] if isinstance(row["top_cause"], str) else []
+        if isinstance(row.get("second_cause"), str):
+            why.append(f"{row['second_cause']} +{_ms(row.get('second_cause_ns'))} ms")
+        parts.append(f"rank {rank} ({', '.join(why)}; score {float(row['score']):.2f})")
+    return "stragglers: " + "; ".join(parts)

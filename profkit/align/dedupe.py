@@ -1,0 +1,197 @@
+"""One copy of each host span seen by several sources of one rank.
+
+Why: ``profkit capture --nsys`` / ``--torch`` records one host span up to three times per rank:
+the profkit span file (source ``profkit``), the same span as an NVTX range in profkit's NVTX
+domain (source ``nsys``, category ``profkit``), and the engine's own annotation (NVTX default
+domain, category ``nvtx``, or a Kineto ``record_function``, category ``user_annotation``),
+sometimes under its bare name (``sync_dp_padding`` for ``GPUModelRunner.sync_dp_padding``).
+Span-based analyses (overhead causes, stragglers' phases, collective instances from DP-sync
+spans) would count each phase two or three times. Run on the source-aligned clock (after
+``apply_alignment``).
+
+Two host spans (kind ``cpu_span`` or ``gc``) are one activity when
+
+* they belong to one rank, and to different *streams*: another source, or the same source with
+  another category (nsys's profkit domain vs its default domain). The profkit span file is one
+  recorder whose categories are hook groups: two of its spans are never duplicates;
+* their names agree after ``normalize_name`` (surrounding blanks dropped), exactly or as a
+  qualname suffix at a ``.`` boundary: ``GPUModelRunner.sync_dp_padding`` ~ ``sync_dp_padding``,
+  but not ``Worker.execute_model`` ~ ``GPUModelRunner.execute_model``;
+* their starts and their ends each agree within ``max(tol_ns, tol_fraction * shorter duration)``,
+  100 µs or 2% by default. Measured on the bundled captures
+  (``sample_traces/engine-dep2-h200-capture``), after alignment: profkit span vs nsys profkit-
+  domain NVTX agree within 1 µs (5 µs raw); the engine's own NVTX / ``record_function`` range,
+  nested inside the profkit hook, starts 5-30 µs later and ends 20-71 µs earlier (71 µs on a
+  110 ms ``sync_dp_padding``, 50 µs on 15-40 ms ``EngineCore.step``). 100 µs covers that with
+  margin, yet is far below a recursive call's offset from its caller or the gap between two
+  calls (steps and their phases are ms apart); the 2% term only widens it for long spans (20 ms
+  and up), whose wrappers' exits may be held up by a GC pause or a few ppm of clock drift.
+* or one copy was cut by its source's recording window: same start within the tolerance, the
+  cut copy ends at the last moment its source recorded a host span on that rank (within the
+  tolerance), and the other copy ends later (nsys closes ranges still open at ``stop`` there;
+  Kineto likewise); the same, mirrored, for a copy cut at its source's first moment.
+
+Of each such pair the less preferred copy is dropped: the profkit span file first (it has the
+whole run and the hook's qualname), then profkit-domain ranges in other sources (category
+``profkit``), then the rest (ties by source, then category name, alphabetically). A span is
+dropped only when a *more* preferred copy matches it, so the most preferred copy of an activity
+always stays. GPU events, runtime calls, cpu_ops, GPU-side spans and spans without a partner are
+never dropped.
+
+Vectorized: host spans sorted by (rank, name leaf, start); each span is compared with the next
+1, 2, ... spans of its group while their starts are within its tolerance (and again by end, for
+copies cut at the start), so the cost is O(n * the most spans of one name starting within one
+tolerance), fine on millions of events.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.instrument.nvtx_ranges import DOMAIN as PROFKIT_DOMAIN
+
+DEDUPE_KINDS = (schema.CPU_SPAN, schema.GC)
+PROFKIT_SOURCE = "profkit"
+TOL_NS = 100_000  # 100 µs: ≥ 1.4x the largest disagreement measured between nested copies (71 µs)
+TOL_FRACTION = 0.02  # of the shorter copy's duration, when larger than TOL_NS
+
+
+def normalize_name(name: str) -> str:
+    """The name spans are compared by: surrounding blanks dropped (case and dots kept)."""
+    return name.strip()
+
+
+def names_match(a: str, b: str) -> bool:
+    """Same name, or one is the other's qualname suffix at a ``.`` boundary."""
+    a, b = normalize_name(a), normalize_name(b)
+    return a == b or a.endswith("." + b) or b.endswith("." + a)
+
+
+def _leaf(name: str) -> str:
+    return normalize_name(name).rsplit(".", 1)[-1]
+
+
+def stream_preference(source: str, category: str) -> tuple[int, str, str]:
+    """Sort key of a (source, category) stream: lower is kept."""
+    tier = 0 if source == PROFKIT_SOURCE else 1 if category == PROFKIT_DOMAIN else 2
+    return tier, source, category
+
+
+def drop_duplicate_spans(
+    events: pd.DataFrame, tol_ns: int = TOL_NS, tol_fraction: float = TOL_FRACTION
+) -> tuple[pd.DataFrame, dict[tuple[int, str], int]]:
+    """``events`` without the extra copies of host spans seen by several sources of one rank.
+
+    Returns the kept rows (original order and index) and ``{(rank, source): dropped}`` (only
+    non-zero counts) for a warning line. Pure: ``events`` is not modified.
+    """
+    if events.empty:
+        return events, {}
+    host = (events["kind"].isin(DEDUPE_KINDS) & events["name"].notna() & events["rank"].notna()
+            & events["source"].notna()).to_numpy(dtype=bool)
+    pos = np.flatnonzero(host)
+    if len(pos) < 2:
+        return events, {}
+    sub = events.iloc[pos]
+    rank = sub["rank"].to_numpy(dtype=np.int64)
+    start = sub["start_ns"].to_numpy(dtype=np.int64)
+    end = sub["end_ns"].to_numpy(dtype=np.int64)
+
+    # streams (source, category) and their preference order
+    src_codes, src_uni = pd.factorize(sub["source"].astype(str).to_numpy())
+    cat_codes, cat_uni = pd.factorize(sub["category"].fillna("").astype(str).to_numpy())
+    pair_codes, pair_uni = pd.factorize(src_codes.astype(np.int64) * len(cat_uni) + cat_codes)
+    streams = [(str(src_uni[c // len(cat_uni)]), str(cat_uni[c % len(cat_uni)])) for c in pair_uni]
+    if len(streams) < 2:
+        return events, {}
+    order = sorted(range(len(streams)), key=lambda i: stream_preference(*streams[i]))
+    pref_of_stream = np.empty(len(streams), dtype=np.int64)
+    pref_of_stream[order] = np.arange(len(streams))
+    pref = pref_of_stream[pair_codes]
+    is_profkit_file = (np.asarray(src_uni, dtype=object) == PROFKIT_SOURCE)[src_codes]
+
+    # names: leaf (the group key) and which name pairs are compatible, on the unique names only
+    name_codes, name_uni = pd.factorize(sub["name"].astype(str).to_numpy())
+    leaves = [_leaf(n) for n in name_uni]
+    leaf_codes, _ = pd.factorize(np.asarray(leaves, dtype=object))
+    leaf = leaf_codes[name_codes]
+    by_leaf: dict[int, list[int]] = {}
+    for code, lc in enumerate(leaf_codes):
+        by_leaf.setdefault(int(lc), []).append(code)
+    n_names = len(name_uni)
+    ok_pairs = [a * n_names + b for members in by_leaf.values() if len(members) > 1
+                for a in members for b in members if a != b and names_match(name_uni[a], name_uni[b])]
+    ok_pairs = np.asarray(sorted(ok_pairs), dtype=np.int64)
+
+    # each (rank, source)'s recording window over host spans, for copies cut at its edges
+    rs = rank * len(src_uni) + src_codes
+    rs_codes, _ = pd.factorize(rs)
+    win_lo = np.full(rs_codes.max() + 1, np.iinfo(np.int64).max)
+    win_hi = np.full(rs_codes.max() + 1, np.iinfo(np.int64).min)
+    np.minimum.at(win_lo, rs_codes, start)
+    np.maximum.at(win_hi, rs_codes, end)
+
+    dur = end - start
+    reach = np.maximum(tol_ns, (tol_fraction * dur).astype(np.int64))  # a span's largest tolerance
+    drop = np.zeros(len(sub), dtype=bool)
+    for edge in (start, end):  # pairs close in start (whole or cut at the end), then close in end
+        a, b = _near_pairs(rank, leaf, edge, reach)
+        if len(a):
+            _judge(a, b, start, end, dur, pref, pair_codes, is_profkit_file, name_codes, n_names, ok_pairs,
+                   rs_codes, win_lo, win_hi, tol_ns, tol_fraction, drop)
+
+    if not drop.any():
+        return events, {}
+    counts = pd.Series(1, index=pd.MultiIndex.from_arrays([rank[drop], src_codes[drop]])).groupby(level=[0, 1]).sum()
+    dropped = {(int(r), str(src_uni[s])): int(n) for (r, s), n in counts.items()}
+    keep = np.ones(len(events), dtype=bool)
+    keep[pos[drop]] = False
+    return events.iloc[keep], dropped
+
+
+def _near_pairs(rank: np.ndarray, leaf: np.ndarray, edge: np.ndarray, reach: np.ndarray):
+    """Every pair (i, j) of one (rank, leaf) with ``edge[i] <= edge[j] <= edge[i] + reach[i]``.
+
+    Sort by (rank, leaf, edge); each span's window ends where the sorted edges pass
+    ``edge + reach`` (found for all spans at once by sorting the queries among the edges), and
+    the pairs are the window expanded with ``np.repeat``: no Python loop over spans or groups.
+    """
+    n = len(edge)
+    idx = np.lexsort((edge, leaf, rank))
+    g_rank, g_leaf, g_edge = rank[idx], leaf[idx], edge[idx]
+    q = g_edge + reach[idx]
+    # queries sorted among the edges (a query after the edges equal to it): the number of edges
+    # before each query is the exclusive end of its window
+    is_query = np.r_[np.zeros(n, dtype=np.int8), np.ones(n, dtype=np.int8)]
+    order = np.lexsort((is_query, np.r_[g_edge, q], np.r_[g_leaf, g_leaf], np.r_[g_rank, g_rank]))
+    edges_before = np.cumsum(is_query[order] == 0)
+    hi = np.empty(n, dtype=np.int64)
+    hi[order[is_query[order] == 1] - n] = edges_before[is_query[order] == 1]
+    count = np.maximum(hi - np.arange(n) - 1, 0)
+    if not count.sum():
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    first = np.repeat(np.arange(n), count)
+    step = np.arange(len(first)) - np.repeat(np.cumsum(count) - count, count) + 1
+    return idx[first], idx[first + step]
+
+
+def _judge(a, b, start, end, dur, pref, stream, profkit_file, name_codes, n_names, ok_pairs, rs, win_lo, win_hi,
+           tol_ns, tol_fraction, drop) -> None:
+    """Mark the less preferred of each duplicate pair (a[i], b[i]) in ``drop``."""
+    eligible = (stream[a] != stream[b]) & ~(profkit_file[a] & profkit_file[b])
+    key = name_codes[a] * n_names + name_codes[b]
+    eligible &= (name_codes[a] == name_codes[b]) | np.isin(key, ok_pairs)
+    a, b = a[eligible], b[eligible]
+    if not len(a):
+        return
+    # keep: the more preferred copy (k); lose: the other (d)
+    a_first = pref[a] < pref[b]
+    k, d = np.where(a_first, a, b), np.where(a_first, b, a)
+    tol = np.maximum(tol_ns, (tol_fraction * np.minimum(dur[k], dur[d])).astype(np.int64))
+    same_start = np.abs(start[k] - start[d]) <= tol
+    same_end = np.abs(end[k] - end[d]) <= tol
+    cut_end = same_start & (end[d] >= win_hi[rs[d]] - tol) & (end[k] > end[d] + tol)
+    cut_start = same_end & (start[d] <= win_lo[rs[d]] + tol) & (start[k] < start[d] - tol)
+    dup = (same_start & same_end) | cut_end | cut_start
+    drop[d[dup]] = True
