@@ -19,6 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+# the multi-process runs (4 ranks each) share one xdist worker so they never run at once on 2 cores
+pytestmark = pytest.mark.xdist_group("multiprocess")
+
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = [sys.executable, "-m", "profkit.engine"]
 

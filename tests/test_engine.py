@@ -21,6 +21,9 @@ torch = pytest.importorskip("torch")
 from profkit.engine.faults import FaultSpec, parse_inject  # noqa: E402
 from profkit.engine.truth import read_timings  # noqa: E402
 
+# the multi-process runs (4 ranks each) share one xdist worker so they never run at once on 2 cores
+pytestmark = pytest.mark.xdist_group("multiprocess")
+
 REPO = Path(__file__).resolve().parents[1]
 RANKS, STEPS, MS = 4, 20, 50.0
 TOP_LEVEL = ("gc", "Scheduler.schedule", "sync_dp_padding", "execute_model", "sample_tokens",

@@ -18,14 +18,17 @@ Two host spans (kind ``cpu_span`` or ``gc``) are one activity when
   qualname suffix at a ``.`` boundary: ``GPUModelRunner.sync_dp_padding`` ~ ``sync_dp_padding``,
   but not ``Worker.execute_model`` ~ ``GPUModelRunner.execute_model``;
 * their starts and their ends each agree within ``max(tol_ns, tol_fraction * shorter duration)``,
-  100 µs or 2% by default. Measured on the bundled captures
-  (``sample_traces/engine-dep2-h200-capture``), after alignment: profkit span vs nsys profkit-
-  domain NVTX agree within 1 µs (5 µs raw); the engine's own NVTX / ``record_function`` range,
-  nested inside the profkit hook, starts 5-30 µs later and ends 20-71 µs earlier (71 µs on a
-  110 ms ``sync_dp_padding``, 50 µs on 15-40 ms ``EngineCore.step``). 100 µs covers that with
-  margin, yet is far below a recursive call's offset from its caller or the gap between two
-  calls (steps and their phases are ms apart); the 2% term only widens it for long spans (20 ms
-  and up), whose wrappers' exits may be held up by a GC pause or a few ppm of clock drift.
+  200 µs or 2% by default. Measured on the bundled captures (``sample_traces/engine-dep2-h200-
+  capture``, 2 ranks x 3 captures, every profkit span against its other copies, aligned clock):
+  profkit span vs nsys profkit-domain NVTX: starts within 8 µs, ends within 16 µs; the engine's
+  own NVTX / ``record_function`` range, which wraps or sits inside the hooked call, up to 100 µs
+  apart at the start (``sync_dp_padding``, the first call after the profiler starts) and 89 µs at
+  the end (``EngineCore.step``). 200 µs is twice that, and still ten times below the smallest
+  gap between two distinct calls of one name there (1.9 ms, ``MoEModel._moe`` layer to layer);
+  the 2% term only widens it for spans over 10 ms, whose wrappers' exits may be held up by a GC
+  pause or a few ppm of clock drift. Nested calls of one name closer than that (a recursion
+  returning at once) cannot be told apart by time: when both sources recorded both calls, each
+  copy still pairs with its own (only less preferred copies are dropped).
 * or one copy was cut by its source's recording window: same start within the tolerance, the
   cut copy ends at the last moment its source recorded a host span on that rank (within the
   tolerance), and the other copy ends later (nsys closes ranges still open at ``stop`` there;
@@ -38,10 +41,10 @@ dropped only when a *more* preferred copy matches it, so the most preferred copy
 always stays. GPU events, runtime calls, cpu_ops, GPU-side spans and spans without a partner are
 never dropped.
 
-Vectorized: host spans sorted by (rank, name leaf, start); each span is compared with the next
-1, 2, ... spans of its group while their starts are within its tolerance (and again by end, for
-copies cut at the start), so the cost is O(n * the most spans of one name starting within one
-tolerance), fine on millions of events.
+Vectorized, no Python loop over spans or groups: host spans sorted by (rank, name leaf, start);
+each span's candidates are the spans of its group starting within its tolerance (found for all
+at once by sorting the window ends among the starts), and again by end for copies cut at the
+start. About 5 s for 4M events (3M host spans, 2M dropped) on one CPU core.
 """
 from __future__ import annotations
 
@@ -49,11 +52,11 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.instrument.nvtx_ranges import DOMAIN as PROFKIT_DOMAIN
 
 DEDUPE_KINDS = (schema.CPU_SPAN, schema.GC)
-PROFKIT_SOURCE = "profkit"
-TOL_NS = 100_000  # 100 µs: ≥ 1.4x the largest disagreement measured between nested copies (71 µs)
+PROFKIT_SOURCE = "profkit"  # the span-file reader's source name
+PROFKIT_DOMAIN = "profkit"  # profkit's NVTX domain (profkit.instrument.nvtx_ranges.DOMAIN): nsys category
+TOL_NS = 200_000  # 200 µs: 2x the largest disagreement measured between copies of one span (100 µs)
 TOL_FRACTION = 0.02  # of the shorter copy's duration, when larger than TOL_NS
 
 
@@ -83,17 +86,18 @@ def drop_duplicate_spans(
 ) -> tuple[pd.DataFrame, dict[tuple[int, str], int]]:
     """``events`` without the extra copies of host spans seen by several sources of one rank.
 
-    Returns the kept rows (original order and index) and ``{(rank, source): dropped}`` (only
-    non-zero counts) for a warning line. Pure: ``events`` is not modified.
+    Returns the kept rows (original order and index; ``events`` itself when nothing is dropped)
+    and ``{(rank, source): dropped}`` (non-zero counts only) for a warning line. Pure: ``events``
+    is not modified. ``tol_ns`` / ``tol_fraction``: see the module docstring.
     """
     if events.empty:
         return events, {}
     host = (events["kind"].isin(DEDUPE_KINDS) & events["name"].notna() & events["rank"].notna()
-            & events["source"].notna()).to_numpy(dtype=bool)
+            & events["source"].notna() & events["start_ns"].notna() & events["end_ns"].notna()).to_numpy(dtype=bool)
     pos = np.flatnonzero(host)
     if len(pos) < 2:
         return events, {}
-    sub = events.iloc[pos]
+    sub = events[["rank", "source", "name", "category", "start_ns", "end_ns"]].iloc[pos]
     rank = sub["rank"].to_numpy(dtype=np.int64)
     start = sub["start_ns"].to_numpy(dtype=np.int64)
     end = sub["end_ns"].to_numpy(dtype=np.int64)
@@ -115,7 +119,7 @@ def drop_duplicate_spans(
     name_codes, name_uni = pd.factorize(sub["name"].astype(str).to_numpy())
     leaves = [_leaf(n) for n in name_uni]
     leaf_codes, _ = pd.factorize(np.asarray(leaves, dtype=object))
-    leaf = leaf_codes[name_codes]
+    group = rank * (int(leaf_codes.max()) + 1) + leaf_codes[name_codes]  # (rank, leaf)
     by_leaf: dict[int, list[int]] = {}
     for code, lc in enumerate(leaf_codes):
         by_leaf.setdefault(int(lc), []).append(code)
@@ -136,7 +140,7 @@ def drop_duplicate_spans(
     reach = np.maximum(tol_ns, (tol_fraction * dur).astype(np.int64))  # a span's largest tolerance
     drop = np.zeros(len(sub), dtype=bool)
     for edge in (start, end):  # pairs close in start (whole or cut at the end), then close in end
-        a, b = _near_pairs(rank, leaf, edge, reach)
+        a, b = _near_pairs(group, edge, reach)
         if len(a):
             _judge(a, b, start, end, dur, pref, pair_codes, is_profkit_file, name_codes, n_names, ok_pairs,
                    rs_codes, win_lo, win_hi, tol_ns, tol_fraction, drop)
@@ -150,26 +154,26 @@ def drop_duplicate_spans(
     return events.iloc[keep], dropped
 
 
-def _near_pairs(rank: np.ndarray, leaf: np.ndarray, edge: np.ndarray, reach: np.ndarray):
-    """Every pair (i, j) of one (rank, leaf) with ``edge[i] <= edge[j] <= edge[i] + reach[i]``.
+def _near_pairs(group: np.ndarray, edge: np.ndarray, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair (i, j) of one group with ``edge[i] <= edge[j] <= edge[i] + reach[i]``.
 
-    Sort by (rank, leaf, edge); each span's window ends where the sorted edges pass
+    Sort by (group, edge); each span's window ends where its group's sorted edges pass
     ``edge + reach`` (found for all spans at once by sorting the queries among the edges), and
-    the pairs are the window expanded with ``np.repeat``: no Python loop over spans or groups.
+    the pairs are the windows expanded with ``np.repeat``: no Python loop over spans or groups.
     """
     n = len(edge)
-    idx = np.lexsort((edge, leaf, rank))
-    g_rank, g_leaf, g_edge = rank[idx], leaf[idx], edge[idx]
+    idx = np.lexsort((edge, group))
+    g_group, g_edge = group[idx], edge[idx]
     q = g_edge + reach[idx]
-    # queries sorted among the edges (a query after the edges equal to it): the number of edges
+    # queries sorted among the edges (after the edges equal to them): the number of edges
     # before each query is the exclusive end of its window
-    is_query = np.r_[np.zeros(n, dtype=np.int8), np.ones(n, dtype=np.int8)]
-    order = np.lexsort((is_query, np.r_[g_edge, q], np.r_[g_leaf, g_leaf], np.r_[g_rank, g_rank]))
-    edges_before = np.cumsum(is_query[order] == 0)
+    is_query = np.r_[np.zeros(n, dtype=bool), np.ones(n, dtype=bool)]
+    order = np.lexsort((is_query, np.r_[g_edge, q], np.r_[g_group, g_group]))
+    q_sorted = is_query[order]
     hi = np.empty(n, dtype=np.int64)
-    hi[order[is_query[order] == 1] - n] = edges_before[is_query[order] == 1]
+    hi[order[q_sorted] - n] = np.cumsum(~q_sorted)[q_sorted]
     count = np.maximum(hi - np.arange(n) - 1, 0)
-    if not count.sum():
+    if not count.any():
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     first = np.repeat(np.arange(n), count)
     step = np.arange(len(first)) - np.repeat(np.cumsum(count) - count, count) + 1
@@ -180,8 +184,11 @@ def _judge(a, b, start, end, dur, pref, stream, profkit_file, name_codes, n_name
            tol_ns, tol_fraction, drop) -> None:
     """Mark the less preferred of each duplicate pair (a[i], b[i]) in ``drop``."""
     eligible = (stream[a] != stream[b]) & ~(profkit_file[a] & profkit_file[b])
-    key = name_codes[a] * n_names + name_codes[b]
-    eligible &= (name_codes[a] == name_codes[b]) | np.isin(key, ok_pairs)
+    same = name_codes[a] == name_codes[b]
+    other = eligible & ~same
+    if other.any():  # names differ: allowed when one is the other's qualname suffix
+        same[other] = np.isin(name_codes[a[other]] * n_names + name_codes[b[other]], ok_pairs)
+    eligible &= same
     a, b = a[eligible], b[eligible]
     if not len(a):
         return

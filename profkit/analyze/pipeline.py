@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from profkit import __version__
-from profkit.align import Alignment, apply_alignment, estimate
+from profkit.align import Alignment, apply_alignment, drop_duplicate_spans, estimate
 from profkit.analyze.balance import dp_imbalance, ep_balance
 from profkit.analyze.gpu import gpu_timelines
 from profkit.analyze.overhead import charge, rank_causes
@@ -47,7 +47,12 @@ def align(events: pd.DataFrame) -> tuple[pd.DataFrame, Alignment | None, list[st
     if events.empty:
         return events, None, []
     alignment = estimate(events)
-    return apply_alignment(events, alignment), alignment, [f"alignment: {w}" for w in alignment.warnings]
+    warnings = [f"alignment: {w}" for w in alignment.warnings]
+    aligned, dropped = drop_duplicate_spans(apply_alignment(events, alignment))
+    if dropped:
+        counts = ", ".join(f"rank {r} {src}: {n}" for (r, src), n in sorted(dropped.items()))
+        warnings.append(f"duplicate spans dropped (kept the profkit span file's copy): {counts}")
+    return aligned, alignment, warnings
 
 
 def analyze(capture: Capture, step_pattern: str | None = None, expert_loads: pd.DataFrame | None = None) -> Analysis:

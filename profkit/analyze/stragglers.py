@@ -52,6 +52,12 @@ significant on two counts:
   per-step excess, or with fewer than four ranks the lower part of the rank's own, which late
   steps do not inflate): clearly above its peers, not step-to-step noise.
 
+Evidence may also be dominance, for sparse stragglers whose few late steps the per-step noise
+estimate discounts (a rank late in one step of four): it made the others wait at least
+``DOMINANT_WAIT_RATIO`` times as long as any other rank did, and that wait
+(``caused_wait_share``) is itself at least ``MIN_EXCESS_SHARE`` of the best rank's own work.
+The size condition on its own excess still holds, so a victim is never a straggler.
+
 Both are measured against the median peer, so when every rank is equally slow no one is a
 straggler (the cause is shared; ``causes.csv`` shows it).
 """
@@ -67,7 +73,7 @@ STRAGGLER_COLUMNS = ["rank", "times_last", "late_ns_p50", "late_ns_p99", "caused
 STRAGGLER_EXTRA_COLUMNS = [
     "straggler", "n_instances", "excess_ns", "excess_share", "excess_z", "top_cause_ns", "top_cause_category",
     "second_cause", "second_cause_ns", "host_excess_ns", "gpu_excess_ns", "late_ns_total", "wait_ns", "own_work_ns",
-    "step_total_ns",
+    "step_total_ns", "caused_wait_share",
 ]
 INSTANCE_COLUMNS = [
     "instance", "step", "group", "seq", "coll_name", "source_kind", "key", "n_ranks",
@@ -80,7 +86,8 @@ LATENESS_COLUMNS = [
 ]
 
 MIN_EXCESS_SHARE = 0.05  # a straggler's own-work excess is at least 5% of the best rank's own work ...
-MIN_EXCESS_Z = 4.0  # ... and this many robust standard errors above zero
+MIN_EXCESS_Z = 4.0  # ... and this many robust standard errors above zero,
+DOMINANT_WAIT_RATIO = 2.0  # ... or it caused at least twice the wait of any other rank (and >= 5% of work)
 MIN_SCALE_NS = 10_000  # floor of the per-step noise scale (10 us): below, timing noise
 MIN_PEERS_FOR_NOISE = 4  # ranks needed to measure per-step noise on the peers (else on the rank itself)
 TAIL_WINDOW = -1  # id of the accounting window after the last host sync
@@ -232,7 +239,11 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     out["score"] = np.where(out["own_work_ns"] > 0, best / out["own_work_ns"].where(out["own_work_ns"] > 0), np.nan)
     out["excess_share"] = out["excess_ns"] / best if best and best > 0 else np.nan
     out["excess_z"] = _excess_z(arrivals).reindex(out.index)
-    out["straggler"] = ((out["excess_share"] >= MIN_EXCESS_SHARE) & (out["excess_z"] >= MIN_EXCESS_Z)).fillna(False)
+    out["caused_wait_share"] = out["caused_wait_ns"] / best if best and best > 0 else np.nan
+    others_max = _max_of_others(out["caused_wait_ns"])
+    significant = out["excess_z"] >= MIN_EXCESS_Z
+    dominant = (out["caused_wait_share"] >= MIN_EXCESS_SHARE) & (out["caused_wait_ns"] >= DOMINANT_WAIT_RATIO * others_max)
+    out["straggler"] = ((out["excess_share"] >= MIN_EXCESS_SHARE) & (significant | dominant)).fillna(False)
     is_gpu = acc_excess["category"].to_numpy(dtype=object) == ph_mod.GPU_CATEGORY
     for col, mask in (("host_excess_ns", ~is_gpu), ("gpu_excess_ns", is_gpu)):
         part = acc_excess[mask].groupby("rank")["excess_ns"].sum()
@@ -244,6 +255,16 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     out["second_cause_ns"] = out["second_cause_ns"].astype("Int64")
     out = out.reset_index()
     return out[STRAGGLER_COLUMNS + STRAGGLER_EXTRA_COLUMNS]
+
+
+def _max_of_others(values: pd.Series) -> pd.Series:
+    """For each rank, the largest value among the other ranks (0 when it is alone)."""
+    v = values.to_numpy(np.int64)
+    if v.size < 2:
+        return pd.Series(np.zeros(v.size, np.int64), index=values.index)
+    order = np.argsort(v)
+    top, second = v[order[-1]], v[order[-2]]
+    return pd.Series(np.where(v == top, second, top), index=values.index)
 
 
 def _quantile_ns(series_groups, q: float) -> pd.Series:
