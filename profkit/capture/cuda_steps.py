@@ -24,14 +24,10 @@ PreHook = Callable[[tuple, dict], None]
 
 
 def parse_steps(text: str) -> tuple[int, int]:
-    """``"A:B"`` -> (A, B) with 0 <= A < B."""
-    try:
-        a, b = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"{ENV}={text!r}: expected A:B (step numbers, A < B)") from None
-    if a < 0 or b <= a:
-        raise ValueError(f"{ENV}={text!r}: expected 0 <= A < B")
-    return a, b
+    """``"A:B"`` -> (A, B) with 0 <= A < B (the torch window's parser, naming this variable)."""
+    from profkit.instrument.torch_steps import parse_steps as parse
+
+    return parse(text, ENV)
 
 
 def _cuda() -> Any:

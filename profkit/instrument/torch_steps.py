@@ -20,14 +20,14 @@ from typing import Any
 from . import identity
 
 
-def parse_steps(text: str) -> tuple[int, int]:
-    """``"A:B"`` -> (A, B) with 0 <= A < B."""
+def parse_steps(text: str, env: str = "PROFKIT_TORCH_STEPS") -> tuple[int, int]:
+    """``"A:B"`` -> (A, B) with 0 <= A < B; errors name the variable ``env`` it came from."""
     try:
         a, b = (int(x) for x in text.split(":"))
     except ValueError:
-        raise ValueError(f"PROFKIT_TORCH_STEPS={text!r}: expected A:B (step numbers, A < B)") from None
+        raise ValueError(f"{env}={text!r}: expected A:B (step numbers, A < B)") from None
     if a < 0 or b <= a:
-        raise ValueError(f"PROFKIT_TORCH_STEPS={text!r}: expected 0 <= A < B")
+        raise ValueError(f"{env}={text!r}: expected 0 <= A < B")
     return a, b
 
 
