@@ -94,6 +94,12 @@ def to_table(columns: dict[str, list | object]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
+def from_records(rows: list[dict]) -> pd.DataFrame:
+    """Event table from row dicts (missing keys are null); for tests, synthetic traces, notebooks."""
+    cols: dict[str, list] = {c: [r.get(c) for r in rows] for c in COLUMNS}
+    return to_frame(to_table(cols))
+
+
 def to_frame(table: pa.Table) -> pd.DataFrame:
     """Arrow table -> DataFrame with Arrow-backed columns (no copies of strings)."""
     return table.cast(ARROW_SCHEMA).to_pandas(types_mapper=pd.ArrowDtype)

@@ -10,11 +10,7 @@ from profkit.analyze.steps import find_step_spans, step_batch_facts, step_table
 
 
 def events(rows: list[dict]) -> pd.DataFrame:
-    cols: dict[str, list] = {c: [] for c in schema.COLUMNS}
-    for r in rows:
-        for c in schema.COLUMNS:
-            cols[c].append(r.get(c))
-    df = schema.to_frame(schema.to_table(cols))
+    df = schema.from_records(rows)
     schema.validate(df)
     return df
 

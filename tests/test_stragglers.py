@@ -46,11 +46,7 @@ def analyze(events: pd.DataFrame):
 
 # ---- hand-built events ------------------------------------------------------------------------
 def frame(rows: list[dict]) -> pd.DataFrame:
-    cols: dict[str, list] = {c: [] for c in schema.COLUMNS}
-    for r in rows:
-        for c in schema.COLUMNS:
-            cols[c].append(r.get(c))
-    df = schema.to_frame(schema.to_table(cols))
+    df = schema.from_records(rows)
     schema.validate(df)
     return df
 
