@@ -68,8 +68,9 @@ def analyze(capture: Capture, step_pattern: str | None = None, expert_loads: pd.
     timelines = gpu_timelines(events)
     marker = str(steps["marker"].iloc[0]) if len(steps) else None
     charged, windows = charge(events, steps)
-    instances = apply_alignment(alignment.instances, alignment) if alignment is not None else None
-    per_rank, per_instance, lateness = straggler_table(events, steps, instances)
+    # collective instances matched again on the aligned, de-duplicated, clipped events (the
+    # alignment's own instances include spans recorded twice and the edges of profiler windows)
+    per_rank, per_instance, lateness = straggler_table(events, steps)
     balance = {"dp": dp_imbalance(steps, events)}
     if expert_loads is not None and len(expert_loads):
         balance["ep"] = ep_balance(expert_loads)
