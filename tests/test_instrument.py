@@ -697,8 +697,8 @@ def test_torch_step_window_counts_calls(tmp_path, monkeypatch):
 
     started, stopped = [], []
     window = torch_steps.TorchStepWindow(2, 4, str(tmp_path))
-    monkeypatch.setattr(window, "_start", lambda: started.append(window.count))
-    monkeypatch.setattr(window, "_stop", lambda: stopped.append(window.count))
+    monkeypatch.setattr(window, "_start", lambda step: started.append(window.count))
+    monkeypatch.setattr(window, "_stop", lambda step: stopped.append(window.count))
     for _ in range(6):
         window((), {})
     assert started == [3] and stopped == [5]  # before call #2 and call #4 (0-based)

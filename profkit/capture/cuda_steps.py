@@ -13,11 +13,12 @@ window onto its ``from_env`` (the capture agent calls it before ``activate()``).
 """
 from __future__ import annotations
 
-import atexit
 import os
 import sys
-import threading
 from typing import Any, Callable
+
+from profkit.instrument.torch_steps import StepWindow
+from profkit.instrument.torch_steps import parse_steps as _parse_steps
 
 ENV = "PROFKIT_CUDA_PROFILER_STEPS"
 PreHook = Callable[[tuple, dict], None]
@@ -25,9 +26,7 @@ PreHook = Callable[[tuple, dict], None]
 
 def parse_steps(text: str) -> tuple[int, int]:
     """``"A:B"`` -> (A, B) with 0 <= A < B (the torch window's parser, naming this variable)."""
-    from profkit.instrument.torch_steps import parse_steps as parse
-
-    return parse(text, ENV)
+    return _parse_steps(text, ENV)
 
 
 def _cuda() -> Any:
@@ -41,25 +40,13 @@ def _cuda() -> Any:
         return None
 
 
-class CudaProfilerWindow:
-    """A hook ``pre``: counts step calls; cudaProfilerStart at call A, cudaProfilerStop at call B."""
+class CudaProfilerWindow(StepWindow):
+    """cudaProfilerStart at step A, cudaProfilerStop at step B (nsys --capture-range=cudaProfilerApi)."""
 
     def __init__(self, start_step: int, stop_step: int):
-        self.start_step, self.stop_step = start_step, stop_step
-        self.count = 0
         self.on = False
         self.events: list[tuple[str, int]] = []  # ("start"|"stop", step) that took effect
-        self._lock = threading.Lock()
-        atexit.register(self.finish)
-
-    def __call__(self, args: tuple, kwargs: dict) -> None:
-        with self._lock:
-            step = self.count
-            self.count += 1
-        if step == self.start_step:
-            self._start(step)
-        elif step == self.stop_step:
-            self._stop(step)
+        super().__init__(start_step, stop_step)
 
     def _start(self, step: int) -> None:
         torch = _cuda()
@@ -86,10 +73,6 @@ class CudaProfilerWindow:
             self.events.append(("stop", step))
         except Exception as exc:  # noqa: BLE001
             print(f"profkit: cudaProfilerStop failed: {exc!r}", file=sys.stderr)
-
-    def finish(self) -> None:
-        """Close a window whose end lies past the last step."""
-        self._stop(self.count)
 
 
 def from_env() -> CudaProfilerWindow | None:

@@ -31,14 +31,14 @@ def parse_steps(text: str, env: str = "PROFKIT_TORCH_STEPS") -> tuple[int, int]:
     return a, b
 
 
-class TorchStepWindow:
-    """A ``pre`` hook: counts step calls and opens/closes torch.profiler at A and B."""
+class StepWindow:
+    """A ``pre`` hook that counts step calls and opens a profiler window at call A, closes it at
+    call B (and at exit if B lies past the last step): the same step numbers on every rank.
+    Subclasses say what opening and closing means (``_start(step)`` / ``_stop(step)``)."""
 
-    def __init__(self, start_step: int, stop_step: int, out_dir: str):
-        self.start_step, self.stop_step, self.out_dir = start_step, stop_step, out_dir
+    def __init__(self, start_step: int, stop_step: int):
+        self.start_step, self.stop_step = start_step, stop_step
         self.count = 0
-        self.prof: Any = None
-        self.written: str | None = None
         self._lock = threading.Lock()
         atexit.register(self.finish)
 
@@ -47,11 +47,31 @@ class TorchStepWindow:
             step = self.count
             self.count += 1
         if step == self.start_step:
-            self._start()
+            self._start(step)
         elif step == self.stop_step:
-            self._stop()
+            self._stop(step)
 
-    def _start(self) -> None:
+    def _start(self, step: int) -> None:
+        raise NotImplementedError
+
+    def _stop(self, step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Close a window whose end lies past the last step."""
+        self._stop(self.count)
+
+
+class TorchStepWindow(StepWindow):
+    """Opens/closes torch.profiler at steps A and B; the trace goes to ``out_dir/torch``."""
+
+    def __init__(self, start_step: int, stop_step: int, out_dir: str):
+        self.out_dir = out_dir
+        self.prof: Any = None
+        self.written: str | None = None
+        super().__init__(start_step, stop_step)
+
+    def _start(self, step: int) -> None:
         try:
             import torch
 
@@ -64,7 +84,7 @@ class TorchStepWindow:
             self.prof = None
             print(f"profkit: torch.profiler did not start: {exc!r}", file=sys.stderr)
 
-    def _stop(self) -> None:
+    def _stop(self, step: int) -> None:
         prof, self.prof = self.prof, None
         if prof is None:
             return
@@ -86,10 +106,6 @@ class TorchStepWindow:
             self.written = raw + ".gz"
         except Exception as exc:  # noqa: BLE001
             print(f"profkit: torch.profiler trace not written: {exc!r}", file=sys.stderr)
-
-    def finish(self) -> None:
-        """Close a window whose end lies past the last step."""
-        self._stop()
 
 
 def from_env() -> TorchStepWindow | None:
