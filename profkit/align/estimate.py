@@ -60,6 +60,7 @@ def estimate(
     refine_passes: int = 2,
     min_drift_span_ns: int = SolveOptions.min_drift_span_ns,
     exit_lag: bool = True,
+    same_clock: bool = False,
 ) -> Alignment:
     """Estimate every rank's clock against the reference rank (the lowest rank with collectives).
 
@@ -67,7 +68,9 @@ def estimate(
     clocks known to be disciplined (PTP), True to force it. ``exit_lag``: estimate how much
     earlier the clear last arriver leaves a kernel collective than the others (``report
     ["exit_lag_ns"]``; needs rank pairs where each is sometimes last) and fit on ends corrected
-    for it.
+    for it. ``same_clock``: every rank was recorded on one host, so their clocks are one clock:
+    nothing to estimate across ranks (``method`` "same_host", offset 0); collective ends of busy
+    host processes (Gloo spans) would only add their scheduling noise.
     """
     warnings: list[str] = []
     sources, src_warn = source_offsets(events)
@@ -90,6 +93,9 @@ def estimate(
     with_obs = sorted(set(obs["rank"].tolist()))
     ref = with_obs[0] if with_obs else (ranks[0] if ranks else 0)
     t0 = windows.get(ref, (0, 0))[0]
+    if same_clock:
+        table = _same_clock_table(ranks, ref, t0, obs)
+        return Alignment(ranks=table, sources=sources, t0_ns=t0, warnings=warnings, instances=inst, report=report)
     opts = SolveOptions(fit_drift=fit_drift, min_drift_span_ns=min_drift_span_ns, refine_passes=refine_passes)
     table, rank_warn = solve_ranks(obs, ranks, windows, t0, opts)
     if exit_lag:
@@ -138,3 +144,16 @@ def apply_alignment(
 
 
 __all__ = ["Alignment", "RANK_COLUMNS", "SOURCE_COLUMNS", "apply_alignment", "estimate", "estimate_alignment"]
+
+
+def _same_clock_table(ranks: list[int], ref: int, t0_ns: int, obs: pd.DataFrame) -> pd.DataFrame:
+    """Rank rows for ranks known to share the reference's clock: no offset, no drift, no error."""
+    n_points = obs.groupby("rank").size()
+    rows = [
+        {"rank": r, "method": "reference" if r == ref else "same_host", "offset_ns": 0, "drift_ppm": 0.0,
+         "t0_ns": t0_ns, "residual_ns": np.nan, "residual_p90_ns": np.nan, "error_bound_ns": 0,
+         "n_points": int(n_points.get(r, 0)), "n_instances": int(n_points.get(r, 0)), "end_source": "",
+         "via_rank": ref, "component": 0, "drift_stderr_ppm": np.nan}
+        for r in ranks
+    ]
+    return pd.DataFrame(rows, columns=RANK_COLUMNS)

@@ -33,6 +33,7 @@ ANCHOR_ERROR_NS = 1_000_000  # clocks on anchors only: NTP-level agreement betwe
 MIN_KERNEL_POINTS = 3  # fewer kernel ends than this: Gloo/DP-sync ends join in
 MIN_DRIFT_POINTS = 3
 MIN_DRIFT_SPAN_NS = 10_000_000  # drift is fitted only over at least this much time
+MAX_PLAUSIBLE_DRIFT_PPM = 500.0  # host clocks drift tens of ppm; beyond this the ends are noise
 ERROR_SIGMAS = 3.0
 
 RANK_COLUMNS = [
@@ -187,6 +188,10 @@ def _fit(g: pd.DataFrame, target: np.ndarray, t0_ns: int, opts: SolveOptions) ->
     else:
         drift = bool(opts.fit_drift) and len(x) >= 2 and np.ptp(x) > 0
     line = robust_line(x, y, prior=prior, fit_slope=drift)
+    if drift and abs(line.slope * 1e6) > MAX_PLAUSIBLE_DRIFT_PPM:
+        # no host clock drifts like that: the slope fits noisy ends (e.g. Gloo spans on a loaded
+        # host), and extrapolating it would move whole steps by milliseconds; fit the offset only
+        line = robust_line(x, y, prior=prior, fit_slope=False)
     return _RankFit(int(np.rint(line.offset)), float(line.slope * 1e6), line, source, int(len(g)), -1)
 
 
@@ -300,7 +305,7 @@ def _warn_wild(table: pd.DataFrame, warnings: list[str]) -> None:
     for row in table.itertuples():
         if row.method != "collective_ends":
             continue
-        if abs(row.drift_ppm) > 500:
+        if abs(row.drift_ppm) > MAX_PLAUSIBLE_DRIFT_PPM:
             warnings.append(f"rank {row.rank}: fitted drift {row.drift_ppm:.0f} ppm is implausible for a host clock "
                             f"(± {row.drift_stderr_ppm:.0f} ppm): few or noisy shared ends")
         if pd.notna(row.error_bound_ns) and row.error_bound_ns > 100_000:

@@ -42,11 +42,17 @@ class Analysis:
     version: str = __version__
 
 
-def align(events: pd.DataFrame) -> tuple[pd.DataFrame, Alignment | None, list[str]]:
+def one_host(meta: dict[int, list[dict]]) -> bool:
+    """True when every rank names a host and all name the same one: their clocks are one clock."""
+    hosts = [{m["host"] for m in parts if m.get("host")} for parts in meta.values()]
+    return bool(hosts) and all(hosts) and len(set().union(*hosts)) == 1
+
+
+def align(events: pd.DataFrame, same_clock: bool = False) -> tuple[pd.DataFrame, Alignment | None, list[str]]:
     """Events on one clock, the alignment, and what the user must know about it."""
     if events.empty:
         return events, None, []
-    alignment = estimate(events)
+    alignment = estimate(events, same_clock=same_clock)
     warnings = [f"alignment: {w}" for w in alignment.warnings]
     aligned, dropped = drop_duplicate_spans(apply_alignment(events, alignment))
     if dropped:
@@ -57,7 +63,7 @@ def align(events: pd.DataFrame) -> tuple[pd.DataFrame, Alignment | None, list[st
 
 def analyze(capture: Capture, step_pattern: str | None = None, expert_loads: pd.DataFrame | None = None) -> Analysis:
     """``expert_loads``: rows ``rank, step, layer, tokens`` (see ``balance.parse_expert_loads``)."""
-    events, alignment, warnings = align(capture.events)
+    events, alignment, warnings = align(capture.events, same_clock=one_host(capture.meta))
     steps = step_table(events, step_pattern)  # whole steps only: judged before the cut below
     events, cut = clip_to_recorded(events)
     for rank, n in sorted(cut.items()):
