@@ -58,6 +58,7 @@ COINCIDENT_KINDS = (KERNEL, CPU_SPAN)  # kinds whose ends are one real moment on
 # DEP2 H200 captures: NCCL all-to-all kernel ends differ by up to ~15 us between ranks sharing a
 # clock, Gloo / DP-sync span ends by up to ~0.6 ms.
 TOL_NS = {KERNEL: 50_000, CPU_SPAN: 1_000_000, LAUNCH_SPAN: 1_000_000}
+CPU_TOL_MAX_FACTOR = 5  # host-span tolerance may widen with the spacing of instances, up to 5 ms
 DRIFT_MAX_PPM = 200.0  # how far clocks may drift apart while tracking matches along time
 MAX_LAG = 512  # order matching: largest lag (instances cut off one rank) searched
 VOTE_PAIRS = 2_000_000  # vote on at most this many end differences per rank pair
@@ -559,6 +560,7 @@ def match_sequences(
     keys = [k for k in a if k in b and len(a[k]) and len(b[k])]
     if not keys:
         return {}, "order"
+    tol = {k: _spacing_tolerance(a[k], tol[k]) if k in keys else tol[k] for k in tol}
     possible = sum(min(len(a[k]), len(b[k])) for k in keys)
     order = {k: _order_lag(a[k], b[k], tol[k]) for k in keys}
     kept = _consistent(a, b, order, tol)
@@ -570,6 +572,17 @@ def match_sequences(
     if n_vote > n_order:
         return voted, "vote"
     return kept, "order"
+
+
+def _spacing_tolerance(ends: np.ndarray, tol_ns: int) -> int:
+    """Host-span ends (Gloo / DP sync) of busy processes disagree by the scheduler's delays, ms on
+    a loaded host: widen their tolerance up to a quarter of the instances' median spacing (order
+    stays unambiguous below half of it), at most CPU_TOL_MAX_FACTOR times the measured one.
+    Kernel tolerances are left as they are."""
+    if tol_ns < TOL_NS[CPU_SPAN] or len(ends) < 3:
+        return tol_ns
+    spacing = int(np.median(np.diff(np.sort(ends))))
+    return max(tol_ns, min(CPU_TOL_MAX_FACTOR * tol_ns, spacing // 4))
 
 
 def _order_lag(a: np.ndarray, b: np.ndarray, tol: int) -> tuple[np.ndarray, np.ndarray]:
