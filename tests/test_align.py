@@ -321,3 +321,20 @@ def test_clock_model_round_trip():
     host = to_host(true, -3_875_164, 27.42, t0)
     back = to_reference(host, -3_875_164, 27.42, t0)
     assert np.abs(back - true).max() <= 1
+
+
+def test_ranks_on_one_host_keep_their_shared_clock(tmp_path, monkeypatch):
+    """same_clock: nothing is estimated across ranks (offset 0, method same_host), sources and
+    collective instances are still reported; the pipeline sets it when every rank names one host."""
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    from profkit.analyze.pipeline import one_host
+
+    cap = profkit.load(ENGINE / "torch_clean")
+    al = estimate(cap.events, same_clock=True)
+    assert al.ranks["offset_ns"].tolist() == [0, 0] and al.ranks["drift_ppm"].tolist() == [0.0, 0.0]
+    assert al.ranks["method"].tolist() == ["reference", "same_host"]
+    assert len(al.instances) > 0
+    assert apply_alignment(cap.events, al)["start_ns"].equals(cap.events["start_ns"])
+    assert one_host({0: [{"host": "a"}], 1: [{"host": "a"}, {"path": "x.json"}]})
+    assert not one_host({0: [{"host": "a"}], 1: [{"host": "b"}]})
+    assert not one_host({0: [{"host": "a"}], 1: [{"path": "kineto.json"}]})  # rank 1's host unknown
