@@ -21,6 +21,8 @@
 #     pk_torch_clean.tar.gz   profkit capture --torch --steps A:B
 #     pk_nsys_clean.tar.gz    profkit capture --nsys --steps A:B (nsys found by profkit itself)
 #     pk_nsys_straggler.tar.gz  same, rank 1 sleeps 15 ms every 4th step (skipped if time is short)
+# MODE=faults RANKS=4: the same through `profkit capture`, clean and with FAULTS (below), --torch
+# and --nsys: pk_torch_clean, pk_torch_faults, pk_nsys_clean, pk_nsys_faults.
 # Carry .whl (nvtx, orjson for Python 3.12) too: profkit's spans are NVTX ranges only with nvtx.
 set -x
 OUT=${OUT:-/tmp/profkit-capture}
@@ -36,6 +38,10 @@ A=$WARMUP
 B=$((WARMUP + WINDOW))
 STRAGGLER=(--inject "sleep:rank=1,every=4,ms=15,start=$((A + 2))"
            --inject "slow_schedule:rank=1,every=4,ms=10,start=$((A + 4))")
+# MODE=faults (DEP4 / DEP8, sample_traces/engine-dep4-h200-capture/): two ranks faulted differently,
+# a real GC pause on rank 1 and a slow scheduler on rank 2, on interleaved steps.
+FAULTS=(--inject "gc:rank=1,every=4,ms=20,start=$((A + 2))"
+        --inject "slow_schedule:rank=2,every=4,ms=15,start=$((A + 4))")
 ENGINE=(python3 -m profkit.engine --ranks "$RANKS" --steps "$STEPS" --device "${DEVICE:-cuda}" --seed 1)
 WORK=/tmp/profkit-capture-work
 rm -rf "$WORK"; mkdir -p "$WORK"
@@ -109,12 +115,19 @@ pk_capture() {  # pk_capture NAME [profkit capture flags] -- [engine args]: prof
   pack "$name" "$dir" "$dir/nsys/report.nsys-rep"
 }
 
-if [ "${MODE:-engine}" = capture ]; then
+if [ "${MODE:-engine}" = capture ] || [ "${MODE:-engine}" = faults ]; then
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
   python3 -c 'import nvtx; print("nvtx", nvtx.enabled())' || echo "WARNING: no nvtx: profkit spans are not NVTX ranges"
+fi
+if [ "${MODE:-engine}" = faults ]; then
+  pk_capture pk_torch_clean --torch --steps "$A:$B" --
+  pk_capture pk_torch_faults --torch --steps "$A:$B" -- "${FAULTS[@]}"
+  pk_capture pk_nsys_clean --nsys --steps "$A:$B" --
+  pk_capture pk_nsys_faults --nsys --steps "$A:$B" -- "${FAULTS[@]}"
+elif [ "${MODE:-engine}" = capture ]; then
   pk_capture pk_torch_clean --torch --steps "$A:$B" --
   pk_capture pk_nsys_clean --nsys --steps "$A:$B" --
   pk_capture pk_nsys_straggler --nsys --steps "$A:$B" -- --inject "sleep:rank=1,every=4,ms=15,start=$((A + 2))"

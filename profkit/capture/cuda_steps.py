@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from profkit.instrument import identity, nvtx_ranges
 from profkit.instrument.torch_steps import StepWindow
 from profkit.instrument.torch_steps import parse_steps as _parse_steps
 
@@ -59,6 +60,7 @@ class CudaProfilerWindow(StepWindow):
             torch.cuda.cudart().cudaProfilerStart()
             self.on = True
             self.events.append(("start", step))
+            nvtx_ranges.mark_rank(identity.current().rank)
         except Exception as exc:  # noqa: BLE001 - profiling must never break serving
             print(f"profkit: cudaProfilerStart failed: {exc!r}", file=sys.stderr)
 

@@ -62,6 +62,22 @@ def ranges() -> NvtxRanges | None:
     return _state["ranges"]
 
 
+def mark_rank(rank: int | None) -> bool:
+    """An NVTX mark ``profkit rank=N`` in the profkit domain: how an nsys export learns each pid's rank.
+
+    Emitted when a capture window opens (nsys with ``--capture-range=cudaProfilerApi`` records
+    nothing before), so every process with GPU work in the window names its own rank.
+    """
+    found = ranges()
+    if found is None or rank is None:
+        return False
+    try:
+        found.domain.mark(found.attributes(f"profkit rank={int(rank)}", "identity"))
+    except Exception:  # noqa: BLE001 - never break the rank
+        return False
+    return True
+
+
 def reset() -> None:
     """Decide again on next use (tests toggle ``PROFKIT_NVTX``)."""
     _state.clear()
