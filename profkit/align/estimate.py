@@ -17,7 +17,7 @@ from profkit.align.ranks import (
     without_exit_lag,
 )
 from profkit.align.sources import SOURCE_COLUMNS, apply_source_offsets, source_offsets
-from profkit.analyze.collectives import CPU_SPAN, KERNEL, collective_instances
+from profkit.analyze.collectives import CPU_SPAN, KERNEL, collective_candidates, instances_from_candidates
 
 
 @dataclass
@@ -72,11 +72,49 @@ def estimate(
     nothing to estimate across ranks (``method`` "same_host", offset 0); collective ends of busy
     host processes (Gloo spans) would only add their scheduling noise.
     """
-    warnings: list[str] = []
-    sources, src_warn = source_offsets(events)
-    warnings.extend(src_warn)
-    ev = apply_source_offsets(events, sources)
-    inst = collective_instances(ev, complete_only=False)
+    prepared = [prepare_rank(g) for _, g in events.groupby("rank", sort=True)] if len(events) else []
+    return estimate_from_ranks(prepared, fit_drift=fit_drift, refine_passes=refine_passes,
+                               min_drift_span_ns=min_drift_span_ns, exit_lag=exit_lag, same_clock=same_clock)
+
+
+@dataclass
+class RankClockFacts:
+    """What one rank contributes to the alignment (small): computed where its events are."""
+
+    rank: int
+    sources: pd.DataFrame  # SOURCE_COLUMNS rows of this rank
+    candidates: pd.DataFrame  # collective candidates on the rank's primary-source clock
+    window: tuple[int, int]  # first start, last end of its events (raw clocks)
+    warnings: list[str] = field(default_factory=list)
+
+
+def prepare_rank(events: pd.DataFrame) -> RankClockFacts:
+    """The map half of ``estimate`` for ONE rank's events: source offsets and collective candidates."""
+    rank = int(events["rank"].iloc[0])
+    sources, warnings = source_offsets(events)
+    candidates = collective_candidates(apply_source_offsets(events, sources))
+    window = (int(events["start_ns"].min()), int(events["end_ns"].max()))
+    return RankClockFacts(rank=rank, sources=sources, candidates=candidates, window=window, warnings=warnings)
+
+
+def estimate_from_ranks(
+    prepared: list[RankClockFacts],
+    fit_drift: bool | None = None,
+    refine_passes: int = 2,
+    min_drift_span_ns: int = SolveOptions.min_drift_span_ns,
+    exit_lag: bool = True,
+    same_clock: bool = False,
+) -> Alignment:
+    """The reduce half of ``estimate``: match every rank's candidates, then solve the clocks."""
+    prepared = sorted(prepared, key=lambda f: f.rank)
+    warnings: list[str] = [w for f in prepared for w in f.warnings]
+    frames = [f.sources for f in prepared if len(f.sources)]
+    sources = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SOURCE_COLUMNS)
+    if len(sources):
+        sources["offset_ns"] = sources["offset_ns"].astype("int64")
+        sources["residual_ns"] = sources["residual_ns"].astype("Int64")
+    cands = [f.candidates for f in prepared if len(f.candidates)]
+    inst = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
     report = dict(inst.attrs.get("report", {}))
     tiers = {KERNEL: KERNEL_TIER, CPU_SPAN: CPU_TIER}
     coinc = inst[inst["source_kind"].isin(list(tiers))]
@@ -87,9 +125,8 @@ def estimate(
         "end_ns": coinc["end_ns"].to_numpy(dtype=np.int64),
         "tier": coinc["source_kind"].map(tiers).to_numpy(dtype=np.int64),
     })
-    ranks = sorted(int(r) for r in events["rank"].unique()) if len(events) else []
-    win = events.groupby("rank", observed=True).agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
-    windows = {int(r): (int(w.lo), int(w.hi)) for r, w in win.iterrows()}
+    ranks = [f.rank for f in prepared]
+    windows = {f.rank: f.window for f in prepared}
     with_obs = sorted(set(obs["rank"].tolist()))
     ref = with_obs[0] if with_obs else (ranks[0] if ranks else 0)
     t0 = windows.get(ref, (0, 0))[0]

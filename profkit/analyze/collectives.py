@@ -101,9 +101,19 @@ def collective_instances(events: pd.DataFrame, complete_only: bool = True) -> pd
     alignment passes False, since two ranks that both saw an instance still share its end.
     ``df.attrs["report"]``: counts of instances, complete ones, dropped rows, and notes.
     """
-    rows = _candidates(events)
+    return instances_from_candidates(_candidates(events), complete_only)
+
+
+def collective_candidates(events: pd.DataFrame) -> pd.DataFrame:
+    """Every collective seen in ``events`` before matching: computed on one rank's events at a
+    time (the scale path's map), then ``instances_from_candidates`` of them all (its reduce)."""
+    return _candidates(events)
+
+
+def instances_from_candidates(rows: pd.DataFrame, complete_only: bool = True) -> pd.DataFrame:
+    """``collective_instances`` from candidate rows of every rank (``collective_candidates``)."""
     notes: list[str] = []
-    if rows.empty:
+    if rows is None or rows.empty:
         out = _empty_instances()
         out.attrs["report"] = _report(out, 0, notes)
         return out

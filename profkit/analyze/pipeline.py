@@ -11,20 +11,13 @@ import pandas as pd
 
 from profkit import __version__
 from profkit.align import Alignment, apply_alignment, drop_duplicate_spans, estimate
-from profkit.analyze.balance import dp_imbalance, ep_balance
-from profkit.analyze.gpu import gpu_timelines
-from profkit.analyze.overhead import charge, rank_causes
-from profkit.analyze.steps import step_table
-from profkit.analyze.stragglers import straggler_ranks, straggler_table
-from profkit.analyze.summary import rank_summary
-from profkit.analyze.window import clip_to_recorded
 from profkit.ingest.loader import Capture
 
 
 @dataclass
 class Analysis:
     capture: Capture
-    events: pd.DataFrame  # aligned onto the reference rank's clock
+    events: pd.DataFrame | None  # aligned onto the reference rank's clock (None: never held, scale path)
     alignment: Alignment | None
     steps: pd.DataFrame
     timelines: pd.DataFrame
@@ -40,6 +33,9 @@ class Analysis:
     balance: dict[str, pd.DataFrame] | None = None  # "ep" (when loads known), "dp"; None: not computed
     warnings: list[str] = field(default_factory=list)
     version: str = __version__
+    # one row per task of the run: stage, rank, worker, wall_s, peak_rss_bytes, events
+    run_stats: pd.DataFrame | None = None
+    store: object | None = None  # the scale path's store when asked to keep the aligned events
 
 
 def one_host(meta: dict[int, list[dict]]) -> bool:
@@ -62,38 +58,11 @@ def align(events: pd.DataFrame, same_clock: bool = False) -> tuple[pd.DataFrame,
 
 
 def analyze(capture: Capture, step_pattern: str | None = None, expert_loads: pd.DataFrame | None = None) -> Analysis:
-    """``expert_loads``: rows ``rank, step, layer, tokens`` (see ``balance.parse_expert_loads``)."""
-    events, alignment, warnings = align(capture.events, same_clock=one_host(capture.meta))
-    steps = step_table(events, step_pattern)  # whole steps only: judged before the cut below
-    events, cut = clip_to_recorded(events)
-    for rank, n in sorted(cut.items()):
-        warnings.append(f"rank {rank}: {n} event(s) outside the window every source recorded left out")
-    for rank, n in sorted(steps.attrs.get("dropped_steps", {}).items()):
-        warnings.append(f"rank {rank}: {n} step(s) left out: not recorded whole by every source "
-                        "(outside or at the edge of a profiler window)")
-    timelines = gpu_timelines(events)
-    marker = str(steps["marker"].iloc[0]) if len(steps) else None
-    charged, windows = charge(events, steps)
-    # collective instances matched again on the aligned, de-duplicated, clipped events (the
-    # alignment's own instances include spans recorded twice and the edges of profiler windows)
-    per_rank, per_instance, lateness = straggler_table(events, steps)
-    balance = {"dp": dp_imbalance(steps, events)}
-    if expert_loads is not None and len(expert_loads):
-        balance["ep"] = ep_balance(expert_loads)
-    return Analysis(
-        capture=capture,
-        events=events,
-        alignment=alignment,
-        steps=steps,
-        timelines=timelines,
-        ranks=rank_summary(timelines, steps),
-        step_marker=marker,
-        causes=rank_causes(charged, windows),
-        charged=charged,
-        stragglers=per_rank,
-        straggler_instances=per_instance,
-        lateness=lateness,
-        straggler_ranks=straggler_ranks(per_rank),
-        balance=balance,
-        warnings=warnings,
-    )
+    """``expert_loads``: rows ``rank, step, layer, tokens`` (see ``balance.parse_expert_loads``).
+
+    Runs the same per-rank stages as ``profkit.scale.analyze_paths`` (serially, in memory), so
+    an analysis of a loaded capture and of files on a cluster are the same tables.
+    """
+    from profkit.scale.run import analyze_capture
+
+    return analyze_capture(capture, step_pattern, expert_loads)

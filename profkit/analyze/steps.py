@@ -62,22 +62,51 @@ def step_markers(step_pattern: str | None = None) -> tuple[StepMarker, ...]:
     return BUILTIN_MARKERS
 
 
-def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None) -> pd.DataFrame:
+def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None,
+                    chosen: tuple[str, bool] | None = None) -> pd.DataFrame:
     """Step spans of every rank: columns rank, step, start_ns, end_ns, name, marker.
 
     Nested matches (a step span inside another on the same rank) are dropped so each
-    iteration counts once.
+    iteration counts once. ``chosen`` = (marker key, numbered): the marker and numbering decided
+    over all ranks (``choose_step_marker``) when ``events`` hold only some of them.
     """
     host = events[events["kind"].isin(_HOST_SPAN_KINDS)]
     names = host["name"].astype("string")
     for marker in step_markers(step_pattern):
+        if chosen is not None and marker.key != chosen[0]:
+            continue
         hit = names.str.contains(marker.pattern, na=False).to_numpy(dtype=bool)
         if hit.any():
             spans = host.loc[hit, ["rank", "start_ns", "end_ns", "name"]].astype(
                 {"rank": "int64", "start_ns": "int64", "end_ns": "int64", "name": "object"}
             )
-            return _number_steps(_drop_nested(spans), marker.key)
+            return _number_steps(_drop_nested(spans), marker.key, None if chosen is None else chosen[1])
+        if chosen is not None:
+            break
     return pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns", "name", "marker"])
+
+
+def step_marker_facts(events: pd.DataFrame, step_pattern: str | None = None) -> dict[str, bool]:
+    """For each step marker found in ``events`` (one rank's): whether all its spans are numbered."""
+    host = events[events["kind"].isin(_HOST_SPAN_KINDS)]
+    names = host["name"].astype("string")
+    facts: dict[str, bool] = {}
+    for marker in step_markers(step_pattern):
+        hit = names.str.contains(marker.pattern, na=False).to_numpy(dtype=bool)
+        if hit.any():
+            spans = _drop_nested(host.loc[hit, ["rank", "start_ns", "end_ns", "name"]].astype(
+                {"rank": "int64", "start_ns": "int64", "end_ns": "int64", "name": "object"}))
+            facts[marker.key] = bool(spans["name"].str.extract(_NUMBER_RE, expand=False).notna().all())
+    return facts
+
+
+def choose_step_marker(facts: list[dict[str, bool]], step_pattern: str | None = None) -> tuple[str, bool] | None:
+    """The marker ``find_step_spans`` would pick over all ranks at once, from per-rank facts."""
+    for marker in step_markers(step_pattern):
+        seen = [f[marker.key] for f in facts if marker.key in f]
+        if seen:
+            return marker.key, all(seen)
+    return None
 
 
 def _drop_nested(spans: pd.DataFrame) -> pd.DataFrame:
@@ -93,11 +122,11 @@ def _drop_nested(spans: pd.DataFrame) -> pd.DataFrame:
     return spans[keep]
 
 
-def _number_steps(spans: pd.DataFrame, marker_key: str) -> pd.DataFrame:
+def _number_steps(spans: pd.DataFrame, marker_key: str, numbered: bool | None = None) -> pd.DataFrame:
     spans = spans.sort_values(["rank", "start_ns"]).reset_index(drop=True)
     explicit = spans["name"].str.extract(_NUMBER_RE, expand=False)
     ordinal = spans.groupby("rank").cumcount()
-    if explicit.notna().all():
+    if explicit.notna().all() if numbered is None else numbered:
         spans["step"] = explicit.astype("int64")
     else:
         spans["step"] = ordinal.astype("int64")
@@ -162,13 +191,14 @@ def drop_partly_recorded_steps(spans: pd.DataFrame, events: pd.DataFrame) -> tup
     return spans.loc[inside], {int(r): int(n) for r, n in dropped.items()}
 
 
-def step_table(events: pd.DataFrame, step_pattern: str | None = None) -> pd.DataFrame:
+def step_table(events: pd.DataFrame, step_pattern: str | None = None,
+               chosen: tuple[str, bool] | None = None) -> pd.DataFrame:
     """Per (rank, step): wall time, GPU busy and kernel time inside the step, and the gap.
 
     Steps that some source of the rank recorded only in part are left out (see
     ``drop_partly_recorded_steps``); ``attrs["dropped_steps"]`` says how many per rank.
     """
-    spans = find_step_spans(events, step_pattern)
+    spans = find_step_spans(events, step_pattern, chosen)
     spans, dropped = drop_partly_recorded_steps(spans, events)
     if spans.empty:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]}).reindex(columns=STEP_COLUMNS)

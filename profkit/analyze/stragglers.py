@@ -63,6 +63,8 @@ straggler (the cause is shared; ``causes.csv`` shows it).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pandas as pd
 
@@ -106,42 +108,118 @@ def straggler_table(
     mark sync points); computed from ``events`` when None. ``matched``: ``match_instances`` of
     them, for the group / sequence / end-spread columns (computed when None).
     ``per_rank.attrs["report"]`` counts measured and dropped instances.
+
+    In three steps, so that the scale path can run the middle one per rank where the events
+    are: ``plan_stragglers`` (cross-rank, small tables), ``rank_window_phases`` (per rank),
+    ``finish_stragglers`` (cross-rank, small tables).
     """
     if instances is None:
         from profkit.analyze.collectives import collective_instances
 
         instances = collective_instances(events, complete_only=False)
-    extents = arr_mod.trace_windows(events)
+    plan = plan_stragglers(instances, arr_mod.trace_windows(events), steps, matched)
+    phases = (rank_window_phases(plan.windows(), *ph_mod.timeline_pieces(events, plan.extents))
+              if plan.measured else None)
+    return finish_stragglers(plan, phases)
+
+
+@dataclass
+class StragglerPlan:
+    """The cross-rank half before the per-rank phase sums: arrivals and the windows to sum over."""
+
+    ranks: list[int]
+    arrivals: pd.DataFrame
+    report: dict
+    extents: pd.DataFrame
+    steps: pd.DataFrame | None
+    instances: pd.DataFrame
+    matched: pd.DataFrame | None
+    host_w: pd.DataFrame | None = None  # per (rank, instance): last host sync -> arrival
+    gpu_w: pd.DataFrame | None = None  # per (rank, GPU instance): previous collective exit -> arrival
+    acc_w: pd.DataFrame | None = None  # windows that tile each host timeline once
+    acc_step: dict = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        return bool(len(self.arrivals))
+
+    def windows(self, rank: int | None = None) -> dict[str, pd.DataFrame]:
+        """The three window tables, or one rank's rows of them (what its worker needs)."""
+        tables = {"host": self.host_w, "gpu": self.gpu_w, "acc": self.acc_w}
+        if rank is None:
+            return tables
+        return {name: w[w["rank"].to_numpy(np.int64) == rank] for name, w in tables.items()}
+
+
+@dataclass
+class WindowPhases:
+    """Time per phase inside each window (``straggler_phases.window_phases``) of the three kinds."""
+
+    host: pd.DataFrame
+    gpu: pd.DataFrame
+    acc: pd.DataFrame
+
+    @staticmethod
+    def concat(parts: list["WindowPhases"]) -> "WindowPhases":
+        def cat(name: str) -> pd.DataFrame:
+            frames = [getattr(p, name) for p in parts if len(getattr(p, name))]
+            return pd.concat(frames, ignore_index=True) if frames else ph_mod._empty(ph_mod.PHASE_COLUMNS)
+        return WindowPhases(cat("host"), cat("gpu"), cat("acc"))
+
+
+def plan_stragglers(instances: pd.DataFrame, extents: pd.DataFrame, steps: pd.DataFrame | None,
+                    matched: pd.DataFrame | None = None) -> StragglerPlan:
+    """Arrivals at the measured instances and every window whose phases must be summed."""
     arrivals, report = arr_mod.arrival_rows(instances, extents, steps)
     report["unmatched_rows"] = int(instances.attrs.get("report", {}).get("unmatched_rows", 0))
     ranks = sorted(set(extents["rank"].tolist()) | set(arrivals["rank"].tolist()))
-    if not len(arrivals):
-        per_rank = _per_rank(ranks, arrivals, steps, extents, _empty_excess(), {})
+    plan = StragglerPlan(ranks=ranks, arrivals=arrivals, report=report, extents=extents, steps=steps,
+                         instances=instances, matched=matched)
+    if not plan.measured:
+        return plan
+    plan.host_w = _host_windows(arrivals)
+    kernel = (arrivals["source_kind"] == "kernel").to_numpy(bool)
+    plan.gpu_w = _gpu_windows(arrivals[kernel])
+    plan.acc_w, plan.acc_step = _accounting_windows(arrivals, steps, plan.host_w, extents)
+    return plan
+
+
+def rank_window_phases(windows: dict[str, pd.DataFrame], host_pieces: pd.DataFrame,
+                       gpu_pieces: pd.DataFrame) -> WindowPhases:
+    """Phase sums in the plan's windows (``StragglerPlan.windows``); given one rank's pieces and
+    windows, that rank's sums (concatenated over ranks in rank order: the same table)."""
+    return WindowPhases(host=ph_mod.window_phases(host_pieces, windows["host"]),
+                        gpu=ph_mod.window_phases(gpu_pieces, windows["gpu"]),
+                        acc=ph_mod.window_phases(host_pieces, windows["acc"]))
+
+
+def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The three tables from the plan and the phase sums of every rank."""
+    arrivals, report, steps, extents = plan.arrivals, plan.report, plan.steps, plan.extents
+    if not plan.measured or phases is None:
+        per_rank = _per_rank(plan.ranks, arrivals, steps, extents, _empty_excess(), {})
         per_rank.attrs["report"] = report
         return per_rank, _empty(INSTANCE_COLUMNS), _empty(LATENESS_COLUMNS)
-    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents)
     explain = (arrivals["is_last"] | (arrivals["late_ns"] > 0)).to_numpy(bool)
     gated = arrivals["gpu_gated"].to_numpy(bool)
     # why each late arrival: its host's work since the hosts last synchronized, or for an arrival
     # its GPU set, its GPU's work since the previous collective; against the same on the peers
-    host_w = _host_windows(arrivals)
-    host_x = ph_mod.causes_only(ph_mod.phase_excess(ph_mod.window_phases(host_pieces, host_w), host_w,
-                                                    explain & ~gated))
-    kernel = (arrivals["source_kind"] == "kernel").to_numpy(bool)
-    gpu_w = _gpu_windows(arrivals[kernel])
-    gpu_x = ph_mod.phase_excess(ph_mod.window_phases(gpu_pieces, gpu_w), gpu_w)  # every GPU window
+    host_w, gpu_w = plan.host_w, plan.gpu_w
+    host_x = ph_mod.causes_only(ph_mod.phase_excess(phases.host, host_w, explain & ~gated))
+    gpu_x = ph_mod.phase_excess(phases.gpu, gpu_w)  # every GPU window
     wanted = set(arrivals.loc[explain & gated, ["instance", "rank"]].itertuples(index=False, name=None))
     pick = [(w, r) in wanted for w, r in zip(gpu_x["window"], gpu_x["rank"])] if wanted else []
     why = pd.concat([host_x, ph_mod.causes_only(gpu_x[np.asarray(pick, bool)]) if wanted else host_x.iloc[:0]],
                     ignore_index=True)
     # what each rank spent beyond its peers, each instant counted once: its host timeline cut at
     # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
-    acc_w, acc_step = _accounting_windows(arrivals, steps, host_w, extents)
-    acc_x = ph_mod.causes_only(ph_mod.phase_excess(ph_mod.window_phases(host_pieces, acc_w), acc_w))
+    acc_step = dict(plan.acc_step)
+    acc_x = ph_mod.causes_only(ph_mod.phase_excess(phases.acc, plan.acc_w))
     acc_x = pd.concat([acc_x[acc_x["category"] != ph_mod.GPU_CATEGORY], gpu_x], ignore_index=True)
     acc_step.update(_instance_steps(arrivals).to_dict())
-    per_rank = _per_rank(ranks, arrivals, steps, extents, acc_x, report)
-    per_inst = _per_instance(arrivals, why, matched if matched is not None else _match(instances))
+    per_rank = _per_rank(plan.ranks, arrivals, steps, extents, acc_x, report)
+    matched = plan.matched if plan.matched is not None else _match(plan.instances)
+    per_inst = _per_instance(arrivals, why, matched)
     lateness = _lateness(arrivals, acc_x.assign(step=acc_x["window"].map(acc_step)))
     per_rank.attrs["report"] = report
     return per_rank, per_inst, lateness

@@ -175,6 +175,11 @@ class Capture:
     meta: dict[int, list[dict]]  # rank -> meta of each of its parts
     skipped: list[str]  # one line per input that could not be read: "<file>: <problem>"
     warnings: list[str]
+    n_events: int | None = None  # set when ``events`` is not held (the scale path)
+
+    @property
+    def event_count(self) -> int:
+        return int(self.n_events) if self.n_events is not None else len(self.events)
 
     @property
     def ranks(self) -> list[int]:
@@ -207,25 +212,40 @@ def load(
         rank_map = RankMap(by_file=dict(rank_map))
     rank_map = rank_map or RankMap()
     files, skipped = discover(paths)
-    warnings: list[str] = []
     loaded: list[RankPart] = []
     for path in files:
         if progress:
             progress(f"reading {path}")
         try:
-            parts = read_file(path, rank_map.pids_for_file(path) or None)
+            loaded.extend(read_file(path, rank_map.pids_for_file(path) or None))
         except TraceError as exc:
             skipped.append(str(exc))
-            continue
         except MemoryError:
             skipped.append(f"{path}: out of memory while reading")
-            continue
-        forced = rank_map.for_file(path)
-        for part in parts:
-            if forced is not None and len(parts) == 1:
+    kept, warnings = resolve_ranks(loaded, rank_map, skipped)
+    return _assemble(kept, skipped, warnings)
+
+
+def resolve_ranks(parts: list, rank_map: RankMap, skipped: list[str]) -> tuple[list, list[str]]:
+    """Give every part its rank: mapping > metadata > file name > input order; drop conflicts.
+
+    ``parts``: ``RankPart`` s, or any objects with the same attributes whose ``gpu_events`` and
+    ``pids`` are known without a table (the scale path's part descriptors). Parts of one file
+    come together, in input order. Returns the kept parts and the warnings; a conflicting part
+    is skipped with a line in ``skipped`` naming both files.
+    """
+    warnings: list[str] = []
+    loaded: list = []
+    by_file: dict[str, list] = {}
+    for part in parts:
+        by_file.setdefault(part.path, []).append(part)
+    for path, file_parts in by_file.items():
+        forced = rank_map.for_file(Path(path))
+        for part in file_parts:
+            if forced is not None and len(file_parts) == 1:
                 part.rank, part.rank_origin = forced, "mapping"
             elif part.rank is None:
-                from_name = rank_from_filename(path) if len(parts) == 1 else None
+                from_name = rank_from_filename(Path(path)) if len(file_parts) == 1 else None
                 if from_name is not None:
                     part.rank, part.rank_origin = from_name, "filename"
             warnings.extend(f"{part.label}: {w}" for w in part.warnings)
@@ -245,17 +265,17 @@ def load(
             part.rank, part.rank_origin = next_free, "order"
             used.add(next_free)
             warnings.append(f"{part.label}: no rank in metadata or file name; assigned rank {next_free} by input order")
-    kept: list[RankPart] = []
+    kept: list = []
     for part in loaded:
         owner = next((k for k in kept if _conflict(k, part)), None)
         if owner is not None:
             skipped.append(str(DuplicateRankError(part.rank, owner.label, part.label)))
             continue
         kept.append(part)
-    return _assemble(kept, skipped, warnings)
+    return kept, warnings
 
 
-def _conflict(a: RankPart, b: RankPart) -> bool:
+def _conflict(a, b) -> bool:
     """Two parts of one source claim one rank in a way that cannot be merged.
 
     One DP rank legitimately spans processes (vLLM's engine-core process schedules, its
@@ -263,9 +283,22 @@ def _conflict(a: RankPart, b: RankPart) -> bool:
     """
     if a.rank != b.rank or a.source != b.source:
         return False
-    if _gpu_event_count(a.table) and _gpu_event_count(b.table):
+    if part_gpu_events(a) and part_gpu_events(b):
         return True
-    return bool(_pids(a.table) & _pids(b.table))
+    return bool(part_pids(a) & part_pids(b))
+
+
+def part_gpu_events(part) -> int:
+    """GPU events of a part (a descriptor says it; a ``RankPart`` is counted once)."""
+    if getattr(part, "table", None) is None:
+        return int(part.gpu_events)
+    return _gpu_event_count(part.table)
+
+
+def part_pids(part) -> set[int]:
+    if getattr(part, "table", None) is None:
+        return set(part.pids)
+    return _pids(part.table)
 
 
 _MAX_OS_PID = 1 << 22  # Linux pid_max ceiling; larger values are readers' hashes of names like "Spans"

@@ -55,7 +55,7 @@ def render_report(analysis) -> str:
     marker = f" (marker {esc(analysis.step_marker)})" if analysis.step_marker else ""
     meta = (
         f"{head.n_ranks} rank(s) · {head.n_steps:,} rank-steps{marker} · "
-        f"{len(analysis.capture.events):,} events · profkit {esc(analysis.version)} · generated {generated}"
+        f"{analysis.capture.event_count:,} events · profkit {esc(analysis.version)} · generated {generated}"
     )
     return page("profkit report", meta, "".join(parts), figures.count > 0)
 

@@ -22,7 +22,7 @@ def render_summary(analysis) -> str:
     cap = analysis.capture
     lines: list[str] = []
     n_ranks = len(analysis.ranks)
-    lines.append(f"profkit {analysis.version}: {n_ranks} rank(s), {len(cap.events):,} events")
+    lines.append(f"profkit {analysis.version}: {n_ranks} rank(s), {cap.event_count:,} events")
     steps = analysis.steps
     if len(steps):
         total_step = steps["step_ns"].sum()
@@ -38,6 +38,9 @@ def render_summary(analysis) -> str:
     per_rank = getattr(analysis, "stragglers", None)
     if per_rank is not None and len(per_rank):
         lines.append(straggler_line(per_rank, getattr(analysis, "straggler_ranks", None) or []))
+    episodes = getattr(analysis, "straggler_episodes", None)
+    if isinstance(episodes, pd.DataFrame) and len(episodes):
+        lines.append(episode_line(episodes))
     causes = getattr(analysis, "causes", None)
     if causes is not None and len(causes):
         lines.append("top causes of GPU-idle step time (all ranks and steps):")
@@ -85,3 +88,25 @@ def straggler_line(per_rank: pd.DataFrame, ranks: list[int]) -> str:
             why.append(f"{row['second_cause']} +{_ms(row.get('second_cause_ns'))} ms")
         parts.append(f"rank {rank} ({', '.join(why)}; score {float(row['score']):.2f})")
     return "stragglers: " + "; ".join(parts)
+
+
+def episode_line(episodes: pd.DataFrame, max_ranks: int = 4) -> str:
+    """``episodes: rank 2 late at steps 14, 18 (Scheduler.schedule +15.1 ms per step)``: per rank
+    with episodes (``analyze.straggler_episodes``; most caused wait first) its steps and main
+    cause with the median excess over the cause's baseline per episode."""
+    from profkit.analyze.straggler_episodes import episode_ranks
+
+    per = episode_ranks(episodes)
+    if not len(per):
+        return "episodes: none"
+    parts = []
+    for row in per.head(max_ranks).itertuples():
+        mine = episodes[episodes["rank"] == row.rank]
+        excess = mine.loc[mine["cause"] == row.cause, "cause_excess_ns"].median()
+        others = sorted(set(mine["cause"]) - {row.cause})
+        also = f"; also {', '.join(others)}" if others else ""
+        steps = ", ".join(str(s) for s in row.steps)
+        parts.append(f"rank {row.rank} late at step{'s' if len(row.steps) > 1 else ''} {steps} "
+                     f"({row.cause} +{float(excess) / 1e6:.1f} ms per step{also})")
+    more = f"; and {len(per) - max_ranks} more rank(s)" if len(per) > max_ranks else ""
+    return "episodes: " + "; ".join(parts) + more

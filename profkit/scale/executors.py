@@ -1,0 +1,153 @@
+"""Who runs the per-file and per-rank tasks: this process, a local process pool, or Dask.
+
+All three take ``map(fn, calls, labels)`` (one call's arguments per task, a label naming what
+the task covers, e.g. "rank 5") and return the results in call order. A task that fails, or
+whose worker dies, ends the run with a ``ScaleError`` naming it: never a partial result. A
+dead worker is retried first: the pool once on a fresh pool, Dask by its scheduler (a dead
+worker's tasks go to another worker, ``distributed.scheduler.allowed-failures`` times).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Sequence
+
+EXECUTORS = ("serial", "pool", "dask")
+
+
+class ScaleError(RuntimeError):
+    """A task of the run failed; the message names it (rank, stage, file) and why."""
+
+
+def _name(fn: Callable) -> str:
+    return fn.__name__.removesuffix("_task")
+
+
+class SerialExecutor:
+    """Every task in this process, in order (debugging; the in-memory path)."""
+
+    name = "serial"
+    workers = 1
+
+    def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
+        out = []
+        for args, label in zip(calls, labels):
+            try:
+                out.append(fn(*args))
+            except Exception as exc:  # noqa: BLE001 - re-raised with what failed
+                raise ScaleError(f"{label}: stage {_name(fn)!r} failed: {exc!r}") from exc
+        return out
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class PoolExecutor(SerialExecutor):
+    """A local process pool (``spawn``: no threads of this process are forked into workers)."""
+
+    name = "pool"
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _get(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
+        results: dict[int, Any] = {}
+        pending = list(range(len(calls)))
+        for attempt in (1, 2):
+            pool = self._get()
+            futures = {i: pool.submit(fn, *calls[i]) for i in pending}
+            broken: list[int] = []
+            for i, fut in futures.items():
+                try:
+                    results[i] = fut.result()
+                except BrokenProcessPool:
+                    broken.append(i)
+                except Exception as exc:  # noqa: BLE001
+                    self.close()
+                    raise ScaleError(f"{labels[i]}: stage {_name(fn)!r} failed: {exc!r}") from exc
+            if not broken:
+                return [results[i] for i in range(len(calls))]
+            self.close()  # a worker died: every unfinished task of that pool is lost; retry them once
+            pending = broken
+        names = ", ".join(labels[i] for i in pending)
+        raise ScaleError(f"{names}: stage {_name(fn)!r}: the worker process died twice (killed, or out of memory?)")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+class DaskExecutor(SerialExecutor):
+    """A Dask distributed cluster: ``scheduler`` = its address, or ``local`` = workers of a new
+    LocalCluster on this machine (one thread each: the tasks are pandas/numpy, GIL-bound)."""
+
+    name = "dask"
+
+    def __init__(self, scheduler: str | None = None, local: int | None = None) -> None:
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError as exc:  # pragma: no cover - dask is a declared dependency
+            raise ScaleError("the Dask executor needs `pip install 'dask[distributed]'`") from exc
+        self._cluster = None
+        if scheduler:
+            self.client = Client(scheduler)
+        else:
+            self._cluster = LocalCluster(n_workers=max(1, local or 2), threads_per_worker=1, processes=True,
+                                         dashboard_address=None)
+            self.client = Client(self._cluster)
+        self.workers = len(self.client.scheduler_info().get("workers", {})) or (local or 1)
+
+    def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
+        from distributed import KilledWorker
+
+        futures = [self.client.submit(fn, *args, pure=False, key=f"profkit-{_name(fn)}-{i}-{os.urandom(4).hex()}")
+                   for i, args in enumerate(calls)]
+        out = []
+        try:
+            for fut, label in zip(futures, labels):
+                try:
+                    out.append(fut.result())
+                except KilledWorker as exc:
+                    raise ScaleError(f"{label}: stage {_name(fn)!r}: every worker that ran it died ({exc})") from exc
+                except ScaleError:
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    raise ScaleError(f"{label}: stage {_name(fn)!r} failed: {exc!r}") from exc
+        finally:
+            for fut in futures:
+                fut.release()
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+
+def make_executor(executor: str = "pool", workers: int | None = None, scheduler: str | None = None,
+                  dask_local: int | None = None) -> SerialExecutor:
+    """The executor a user asked for (``--workers``, ``--scheduler``, ``--dask-local``)."""
+    if scheduler or dask_local:
+        executor = "dask"
+    if executor == "serial":
+        return SerialExecutor()
+    if executor == "pool":
+        return PoolExecutor(workers)
+    if executor == "dask":
+        return DaskExecutor(scheduler, dask_local or workers)
+    raise ValueError(f"unknown executor {executor!r}: one of {', '.join(EXECUTORS)}")

@@ -1,0 +1,233 @@
+"""The driver: plan the tasks, run them on an executor, reduce the small tables into an Analysis.
+
+The driver holds part descriptors, per-rank results (steps, charged intervals, collective
+candidates: small next to the events) and the cross-rank tables; never a rank's events, unless
+the in-memory path (``analyze_capture``) already holds them all.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.align.estimate import estimate_from_ranks
+from profkit.analyze import overhead
+from profkit.analyze.balance import dp_imbalance, ep_balance
+from profkit.analyze.collectives import instances_from_candidates, match_instances
+from profkit.analyze.pipeline import Analysis, one_host
+from profkit.analyze.steps import choose_step_marker
+from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
+from profkit.analyze.summary import rank_summary
+from profkit.ingest.loader import Capture, RankMap, discover, resolve_ranks
+from profkit.scale import stages
+from profkit.scale.executors import SerialExecutor, make_executor
+from profkit.scale.store import DiskStore, MemoryStore
+
+
+def analyze_paths(
+    paths: Iterable[str | Path],
+    *,
+    executor: str = "pool",
+    workers: int | None = None,
+    scheduler: str | None = None,
+    dask_local: int | None = None,
+    step_pattern: str | None = None,
+    expert_loads: pd.DataFrame | None = None,
+    rank_map: RankMap | dict[str, int] | None = None,
+    progress: Callable[[str], None] | None = None,
+    scratch: str | Path | None = None,
+    keep_aligned: bool = False,
+) -> Analysis:
+    """Read and analyze the traces under ``paths`` as maps over files and ranks.
+
+    ``scratch``: the folder for intermediate tables (default: a new temporary folder, removed at
+    the end; on a multi-machine Dask cluster, a folder every worker can reach). ``keep_aligned``
+    keeps each rank's aligned events there (``analysis.store``) for a streamed merge.
+    """
+    if isinstance(rank_map, dict):
+        rank_map = RankMap(by_file=dict(rank_map))
+    rank_map = rank_map or RankMap()
+    say = progress or (lambda msg: None)
+    t_start = time.perf_counter()
+    files, skipped = discover(paths)
+    store = DiskStore(scratch)
+    ex = make_executor(executor, workers, scheduler, dask_local)
+    try:
+        say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
+        read = ex.map(stages.read_file_task,
+                      [(i, str(f), rank_map.pids_for_file(f) or None, store) for i, f in enumerate(files)],
+                      [f"file {f}" for f in files])
+        parts = []
+        for r in read:
+            if r.skipped:
+                skipped.append(r.skipped)
+            parts.extend(r.parts)
+        kept, warnings = resolve_ranks(parts, rank_map, skipped)
+        for p in parts:
+            if p not in kept:
+                store.drop(p.store_key)
+        keys: dict[int, list[str]] = {}
+        for p in kept:
+            keys.setdefault(int(p.rank), []).append(p.store_key)
+        capture = _capture_of(kept, skipped, warnings)
+        analysis = run_stages(capture, keys, store, ex, step_pattern, expert_loads, keep_aligned=keep_aligned,
+                              stats=[r.stats for r in read], progress=say)
+    finally:
+        ex.close()
+        if not keep_aligned:
+            store.close()
+    analysis.store = store if keep_aligned else None
+    say(f"analyzed in {time.perf_counter() - t_start:.1f} s")
+    return analysis
+
+
+def analyze_capture(capture: Capture, step_pattern: str | None = None,
+                    expert_loads: pd.DataFrame | None = None) -> Analysis:
+    """The same stages, serially, on a capture already in memory (``pipeline.analyze``)."""
+    store = MemoryStore()
+    keys: dict[int, list[str]] = {}
+    if len(capture.events):
+        for rank, events in capture.events.groupby("rank", sort=True, observed=True):
+            store.put(stages.events_key(int(rank)), events)
+            keys[int(rank)] = []
+    analysis = run_stages(capture, keys, store, SerialExecutor(), step_pattern, expert_loads, keep_aligned=True)
+    frames = [store.get(stages.aligned_key(r)) for r in sorted(keys)]
+    analysis.events = pd.concat(frames, ignore_index=True) if frames else capture.events
+    store.close()
+    return analysis
+
+
+def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
+               expert_loads: pd.DataFrame | None, keep_aligned: bool = False, stats: list | None = None,
+               progress: Callable[[str], None] | None = None) -> Analysis:
+    say = progress or (lambda msg: None)
+    stats = list(stats or [])
+    ranks = sorted(keys)
+    labels = [f"rank {r}" for r in ranks]
+    # map 1 + reduce: clocks and the step marker
+    prep = ex.map(stages.prepare_task, [(r, keys[r], store, step_pattern) for r in ranks], labels)
+    stats += [p.stats for p in prep]
+    clocks = [p.clock for p in prep if p.n_events]
+    alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if clocks else None
+    warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
+    chosen = choose_step_marker([p.markers for p in prep], step_pattern)
+    say(f"aligned {len(ranks)} rank(s); analyzing each rank")
+    # map 2 + reduce: per-rank facts on the common clock, then who arrived last where
+    rr = ex.map(stages.rank_task,
+                [(r, stages.rank_alignment(alignment, r) if alignment is not None else None, chosen, step_pattern,
+                  store, keep_aligned) for r in ranks], labels)
+    stats += [r.stats for r in rr]
+    steps = _concat([r.steps for r in rr], rr[0].steps if rr else None)
+    if steps is None:
+        from profkit.analyze.steps import step_table
+
+        steps = step_table(schema.empty_frame())
+    steps = steps.reset_index(drop=True)
+    dropped_steps = {r.rank: r.dropped_steps for r in rr if r.dropped_steps}
+    steps.attrs["dropped_steps"] = dropped_steps
+    duplicates = {k: v for r in rr for k, v in r.duplicates.items()}
+    if duplicates:
+        counts = ", ".join(f"rank {r} {src}: {n}" for (r, src), n in sorted(duplicates.items()))
+        warnings.append(f"duplicate spans dropped (kept the profkit span file's copy): {counts}")
+    for r in rr:
+        if r.cut:
+            warnings.append(f"rank {r.rank}: {r.cut} event(s) outside the window every source recorded left out")
+    for rank, n in sorted(dropped_steps.items()):
+        warnings.append(f"rank {rank}: {n} step(s) left out: not recorded whole by every source "
+                        "(outside or at the edge of a profiler window)")
+    timelines = _concat([r.timelines for r in rr], None)
+    windows = _concat([r.windows for r in rr], None)
+    charged = _concat([r.charged for r in rr], None)
+    extents = _concat([r.extents for r in rr], None)
+    cands = [r.candidates for r in rr if len(r.candidates)]
+    instances = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
+    matched = match_instances(instances) if len(instances) else None
+    if charged is not None and matched is not None:
+        complete = instances[instances["complete"].astype(bool)]
+        charged = overhead.refine_waits(charged, overhead.arrivals_from_match(complete, matched))
+    if charged is None:
+        charged = overhead._empty_charged()
+    if windows is None:
+        windows = overhead.analysis_windows(schema.empty_frame(), steps)
+    if timelines is None:
+        from profkit.analyze.gpu import gpu_timelines
+
+        timelines = gpu_timelines(schema.empty_frame())
+    if extents is None:
+        from profkit.analyze.straggler_arrivals import trace_windows
+
+        extents = trace_windows(schema.empty_frame())
+    plan = plan_stragglers(instances, extents, steps, matched)
+    # map 3 + reduce: phase sums in the straggler windows, then the verdicts
+    phases = None
+    if plan.measured:
+        ph = ex.map(stages.phases_task, [(r, plan.windows(r), store) for r in ranks], labels)
+        stats += [p.stats for p in ph]
+        phases = WindowPhases.concat([p.phases for p in ph])
+    per_rank, per_instance, lateness = finish_stragglers(plan, phases)
+    for r in ranks:
+        stages.drop_rank_tables(store, r)
+    tokens = _concat([r.tokens for r in rr], None)
+    balance = {"dp": dp_imbalance(_with_tokens(steps, tokens))}
+    if expert_loads is not None and len(expert_loads):
+        balance["ep"] = ep_balance(expert_loads)
+    marker = str(steps["marker"].iloc[0]) if len(steps) else None
+    return Analysis(
+        capture=capture,
+        events=None,
+        alignment=alignment,
+        steps=steps,
+        timelines=timelines,
+        ranks=rank_summary(timelines, steps),
+        step_marker=marker,
+        causes=overhead.rank_causes(charged, windows),
+        charged=charged,
+        stragglers=per_rank,
+        straggler_instances=per_instance,
+        lateness=lateness,
+        straggler_ranks=straggler_ranks(per_rank),
+        balance=balance,
+        warnings=warnings,
+        run_stats=stages.stats_frame(stats),
+    )
+
+
+def _concat(frames: list[pd.DataFrame], empty: pd.DataFrame | None) -> pd.DataFrame | None:
+    frames = [f for f in frames if f is not None and len(f)]
+    if not frames:
+        return empty
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True)
+
+
+def _with_tokens(steps: pd.DataFrame, tokens: pd.DataFrame | None) -> pd.DataFrame:
+    """The step table with each step's token count as ``balance.step_tokens`` found it per rank."""
+    if tokens is None or not len(steps):
+        return steps
+    key = tokens.set_index(["rank", "step"])["num_tokens"]
+    idx = pd.MultiIndex.from_arrays([steps["rank"].astype("int64"), steps["step"].astype("int64")])
+    return steps.assign(num_tokens=pd.array(key.reindex(idx).to_numpy(), dtype="Int64"))
+
+
+def _capture_of(parts: list, skipped: list[str], warnings: list[str]) -> Capture:
+    """A Capture without events: which part became which rank, their meta, what was skipped."""
+    gpu_by_rank: dict[int, int] = {}
+    for p in parts:
+        gpu_by_rank[p.rank] = gpu_by_rank.get(p.rank, 0) + p.gpu_events
+        if p.n_events == 0:
+            warnings.append(f"{p.label}: no events (rank {p.rank})")
+    for rank, n_gpu in sorted(gpu_by_rank.items()):
+        if n_gpu == 0:
+            files = ", ".join(p.label for p in parts if p.rank == rank)
+            warnings.append(f"{files}: no GPU events (rank {rank}): host-side facts only, no GPU timeline")
+    rows = [{"rank": p.rank, "source": p.source, "path": p.path, "key": p.key, "rank_origin": p.rank_origin,
+             "n_events": p.n_events} for p in parts]
+    parts_df = pd.DataFrame(rows, columns=["rank", "source", "path", "key", "rank_origin", "n_events"])
+    meta: dict[int, list[dict]] = {}
+    for p in parts:
+        meta.setdefault(int(p.rank), []).append({"path": p.path, "source": p.source, "key": p.key, **p.meta})
+    return Capture(events=schema.empty_frame(), parts=parts_df, meta=meta, skipped=skipped, warnings=warnings,
+                   n_events=int(np.sum([p.n_events for p in parts])) if parts else 0)

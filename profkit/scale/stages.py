@@ -1,0 +1,270 @@
+"""The analysis as maps over files and ranks and reduces over small cross-rank tables.
+
+    read_file_task (per file)  -> part descriptors; each part's table in the store
+    prepare_task   (per rank)  -> clock facts (source offsets, collective candidates), step markers
+    reduce: the alignment (``align.estimate_from_ranks``) and the step marker of all ranks
+    rank_task      (per rank)  -> steps, GPU timeline, charged intervals, aligned collective
+                                  candidates, extents, tokens; timeline pieces kept in the store
+    reduce: collective instances, last arrivers, straggler windows (``stragglers.plan_stragglers``)
+    phases_task    (per rank)  -> time per phase in those windows
+    reduce: causes, stragglers, lateness, balance (``finish``)
+
+Every task is a plain function of picklable arguments and a store, so the serial loop, a
+process pool and Dask run the same code on the same inputs: the tables are the same bit for bit.
+Each task also reports its wall time, its process's peak memory and its event count.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from profkit import schema
+from profkit.align import Alignment, apply_alignment, drop_duplicate_spans
+from profkit.align.estimate import RankClockFacts, prepare_rank
+from profkit.analyze import overhead
+from profkit.analyze import straggler_phases as ph_mod
+from profkit.analyze.balance import step_tokens
+from profkit.analyze.collectives import collective_candidates
+from profkit.analyze.gpu import gpu_timelines
+from profkit.analyze.steps import step_marker_facts, step_table
+from profkit.analyze.straggler_arrivals import trace_windows
+from profkit.analyze.stragglers import WindowPhases, rank_window_phases
+from profkit.analyze.window import clip_to_recorded
+from profkit.errors import TraceError
+from profkit.ingest.cache import table_with_rank
+
+KILL_ENV = "PROFKIT_TEST_KILL_TASK"  # tests only: "stage:rank[:flagfile]" makes that task's process die
+
+
+@dataclass
+class TaskStats:
+    stage: str
+    rank: int | None
+    worker: str
+    wall_s: float
+    peak_rss_bytes: int
+    events: int
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _stats(stage: str, rank: int | None, t0: float, events: int) -> TaskStats:
+    return TaskStats(stage=stage, rank=rank, worker=f"{socket.gethostname()}:{os.getpid()}",
+                     wall_s=time.perf_counter() - t0, peak_rss_bytes=_peak_rss_bytes(), events=int(events))
+
+
+def _maybe_die(stage: str, rank: int | None) -> None:
+    """Test hook: ``PROFKIT_TEST_KILL_TASK=stage:rank[:flagfile]`` kills this worker process in
+    that task (once, when a flag file is named: it is created first, so the retry survives)."""
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return
+    want_stage, want_rank, *flag = spec.split(":", 2)
+    if want_stage != stage or str(rank) != want_rank:
+        return
+    if flag:
+        path = Path(flag[0])
+        if path.exists():
+            return
+        path.write_text("killed once\n")
+    os._exit(17)
+
+
+# ---- stage 0: read each file ------------------------------------------------------------------
+@dataclass
+class PartInfo:
+    """A ``RankPart`` without its table (kept in the store under ``store_key``)."""
+
+    path: str
+    source: str
+    rank: int | None
+    rank_origin: str
+    key: str
+    meta: dict
+    warnings: list[str]
+    gpu_events: int
+    pids: set[int]
+    n_events: int
+    store_key: str
+    table = None  # the loader's rank resolution reads facts, not tables
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}[{self.key}]" if self.key else self.path
+
+
+@dataclass
+class FileResult:
+    index: int
+    path: str
+    parts: list[PartInfo] = field(default_factory=list)
+    skipped: str | None = None
+    stats: TaskStats | None = None
+
+
+def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, store) -> FileResult:
+    """Read one trace file (through the Parquet cache) and keep each part's table in the store."""
+    from profkit.ingest.loader import _gpu_event_count, _pids, read_file
+
+    t0 = time.perf_counter()
+    _maybe_die("read", index)
+    out = FileResult(index=index, path=path)
+    try:
+        parts = read_file(Path(path), pid_to_rank)
+    except TraceError as exc:
+        out.skipped = str(exc)
+        out.stats = _stats("read", None, t0, 0)
+        return out
+    except MemoryError:
+        out.skipped = f"{path}: out of memory while reading"
+        out.stats = _stats("read", None, t0, 0)
+        return out
+    n = 0
+    for j, part in enumerate(parts):
+        key = f"part-{index}-{j}"
+        store.put_table(key, part.table)
+        n += part.table.num_rows
+        out.parts.append(PartInfo(path=part.path, source=part.source, rank=part.rank, rank_origin=part.rank_origin,
+                                  key=part.key, meta=part.meta, warnings=list(part.warnings),
+                                  gpu_events=_gpu_event_count(part.table), pids=_pids(part.table),
+                                  n_events=part.table.num_rows, store_key=key))
+    out.stats = _stats("read", None, t0, n)
+    return out
+
+
+# ---- stage 1: per rank, before alignment ------------------------------------------------------
+def events_key(rank: int) -> str:
+    return f"events-{rank}"
+
+
+@dataclass
+class PrepareResult:
+    rank: int
+    clock: RankClockFacts
+    markers: dict[str, bool]
+    n_events: int
+    stats: TaskStats | None = None
+
+
+def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | None) -> PrepareResult:
+    """Join the rank's parts into its event table (kept in the store) and take its clock facts."""
+    t0 = time.perf_counter()
+    _maybe_die("prepare", rank)
+    if part_keys:
+        tables = [table_with_rank(store.get_table(k), rank) for k in part_keys]
+        events = schema.to_frame(pa.concat_tables(tables))
+        store.put(events_key(rank), events)
+        for k in part_keys:
+            store.drop(k)
+    else:
+        events = store.get(events_key(rank))
+    out = PrepareResult(rank=rank, clock=prepare_rank(events), markers=step_marker_facts(events, step_pattern),
+                        n_events=len(events))
+    out.stats = _stats("prepare", rank, t0, len(events))
+    return out
+
+
+# ---- stage 2: per rank, on the common clock ---------------------------------------------------
+def aligned_key(rank: int) -> str:
+    return f"aligned-{rank}"
+
+
+@dataclass
+class RankResult:
+    rank: int
+    steps: pd.DataFrame
+    dropped_steps: int
+    timelines: pd.DataFrame
+    charged: pd.DataFrame  # waits not yet named after the last arriver
+    windows: pd.DataFrame  # the windows charged (``overhead.analysis_windows``)
+    candidates: pd.DataFrame  # collective candidates on the common clock
+    extents: pd.DataFrame  # ``straggler_arrivals.trace_windows``
+    tokens: pd.DataFrame  # ``balance.step_tokens``
+    duplicates: dict  # {(rank, source): dropped}
+    cut: int  # events outside the window every source recorded
+    n_events: int
+    stats: TaskStats | None = None
+
+
+def rank_alignment(alignment: Alignment, rank: int) -> Alignment:
+    """The rows of ``alignment`` one rank's worker needs (the rest stay with the driver)."""
+    ranks = alignment.ranks[alignment.ranks["rank"] == rank]
+    sources = alignment.sources[alignment.sources["rank"] == rank] if len(alignment.sources) else alignment.sources
+    return Alignment(ranks=ranks.reset_index(drop=True), sources=sources.reset_index(drop=True),
+                     t0_ns=alignment.t0_ns)
+
+
+def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] | None, step_pattern: str | None,
+              store, keep_aligned: bool = False) -> RankResult:
+    """Everything one rank's events say on their own, on the common clock."""
+    t0 = time.perf_counter()
+    _maybe_die("rank", rank)
+    events = store.get(events_key(rank))
+    duplicates: dict = {}
+    if alignment is not None and len(events):
+        events, duplicates = drop_duplicate_spans(apply_alignment(events, alignment))
+    steps = step_table(events, step_pattern, chosen)
+    dropped_steps = int(steps.attrs.get("dropped_steps", {}).get(rank, 0))
+    events, cut = clip_to_recorded(events)
+    if chosen is not None and not len(steps):  # other ranks have steps: this one has no windows
+        windows = overhead.analysis_windows(events.iloc[:0], steps)
+        charged = overhead.attribute_gaps(events.iloc[:0], steps)
+    else:
+        windows = overhead.analysis_windows(events, steps)
+        charged = overhead.attribute_gaps(events, windows)
+    extents = trace_windows(events)
+    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents)
+    store.put(f"host-pieces-{rank}", host_pieces)
+    store.put(f"gpu-pieces-{rank}", gpu_pieces)
+    if keep_aligned:
+        store.put(aligned_key(rank), events)
+    out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events),
+                     charged=charged, windows=windows, candidates=collective_candidates(events), extents=extents,
+                     tokens=step_tokens(steps, events), duplicates=duplicates, cut=int(cut.get(rank, 0)),
+                     n_events=len(events))
+    out.stats = _stats("rank", rank, t0, len(events))
+    return out
+
+
+# ---- stage 3: per rank, phases in the straggler windows ---------------------------------------
+@dataclass
+class PhasesResult:
+    rank: int
+    phases: WindowPhases
+    stats: TaskStats | None = None
+
+
+def phases_task(rank: int, windows: dict[str, pd.DataFrame], store) -> PhasesResult:
+    t0 = time.perf_counter()
+    _maybe_die("phases", rank)
+    host, gpu = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}")
+    out = PhasesResult(rank=rank, phases=rank_window_phases(windows, host, gpu))
+    out.stats = _stats("phases", rank, t0, len(host) + len(gpu))
+    return out
+
+
+def drop_rank_tables(store, rank: int) -> None:
+    for key in (events_key(rank), f"host-pieces-{rank}", f"gpu-pieces-{rank}"):
+        store.drop(key)
+
+
+def stats_frame(stats: list[TaskStats | None]) -> pd.DataFrame:
+    rows = [s.__dict__ for s in stats if s is not None]
+    cols = ["stage", "rank", "worker", "wall_s", "peak_rss_bytes", "events"]
+    out = pd.DataFrame(rows, columns=cols)
+    out["rank"] = out["rank"].astype("Int64")
+    out["peak_rss_bytes"] = out["peak_rss_bytes"].astype(np.int64)
+    out["events"] = out["events"].astype(np.int64)
+    return out

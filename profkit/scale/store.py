@@ -1,0 +1,136 @@
+"""Where a rank's tables live between the stages of a run: in this process, or in a scratch folder.
+
+Workers of a process pool or a Dask cluster share nothing but the scratch folder, so each stage
+reads its rank's tables from the store and writes what the next stage needs back. Tables are
+Arrow IPC files (lz4): our own intermediate tables, never pickles. On a multi-machine cluster
+the folder must be one every worker can reach (a shared file system), as with Nsight's
+multi-report recipes.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.feather as feather
+
+_KINDS_KEY = b"profkit.columns"
+
+
+def _column_kinds(frame: pd.DataFrame) -> dict[str, str]:
+    """How each column must come back: arrow (pd.ArrowDtype), object (None for missing), native."""
+    kinds = {}
+    for name, dtype in frame.dtypes.items():
+        if isinstance(dtype, pd.ArrowDtype):
+            kinds[str(name)] = "arrow"
+        elif dtype == object:
+            kinds[str(name)] = "object"
+        else:
+            kinds[str(name)] = "native"
+    return kinds
+
+
+def frame_to_table(frame: pd.DataFrame) -> pa.Table:
+    """A DataFrame as an Arrow table that ``table_to_frame`` turns back into the same frame."""
+    kinds = _column_kinds(frame)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[_KINDS_KEY] = json.dumps(kinds).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def table_to_frame(table: pa.Table) -> pd.DataFrame:
+    """The frame ``frame_to_table`` stored: same columns, dtypes and values (a fresh 0..n-1 index)."""
+    raw = (table.schema.metadata or {}).get(_KINDS_KEY)
+    kinds: dict[str, str] = json.loads(raw) if raw else {}
+    names = table.column_names
+    arrow = [c for c in names if kinds.get(c) == "arrow"]
+    obj = [c for c in names if kinds.get(c) == "object"]
+    native = [c for c in names if c not in arrow and c not in obj]
+    parts = {}
+    if arrow:
+        parts.update(table.select(arrow).to_pandas(types_mapper=pd.ArrowDtype).items())
+    if native:
+        parts.update(table.select(native).to_pandas().items())
+    for c in obj:
+        col = table.column(c)
+        values = col.to_numpy(zero_copy_only=False) if col.num_chunks else np.empty(0, dtype=object)
+        parts[c] = pd.Series(np.asarray(values, dtype=object), dtype=object)
+    frame = pd.DataFrame({c: parts[c] for c in names}) if names else pd.DataFrame(index=range(table.num_rows))
+    return frame
+
+
+class MemoryStore:
+    """Tables kept in this process (the serial in-memory path of ``pipeline.analyze``)."""
+
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self._frames: dict[str, pd.DataFrame] = {}
+        self._tables: dict[str, pa.Table] = {}
+
+    def put(self, key: str, frame: pd.DataFrame) -> None:
+        self._frames[key] = frame.reset_index(drop=True)
+
+    def get(self, key: str) -> pd.DataFrame:
+        return self._frames[key]
+
+    def put_table(self, key: str, table: pa.Table) -> None:
+        self._tables[key] = table
+
+    def get_table(self, key: str) -> pa.Table:
+        return self._tables[key]
+
+    def drop(self, key: str) -> None:
+        self._frames.pop(key, None)
+        self._tables.pop(key, None)
+
+    def close(self) -> None:
+        self._frames.clear()
+        self._tables.clear()
+
+
+class DiskStore:
+    """Arrow IPC files in a scratch folder (a new temporary one unless ``root`` is given)."""
+
+    kind = "disk"
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.owned = root is None
+        self.root = Path(tempfile.mkdtemp(prefix="profkit-scale-")) if root is None else Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{key}.arrow"
+
+    def put(self, key: str, frame: pd.DataFrame) -> None:
+        self.put_table(key, frame_to_table(frame))
+
+    def get(self, key: str) -> pd.DataFrame:
+        return table_to_frame(self.get_table(key))
+
+    def put_table(self, key: str, table: pa.Table) -> None:
+        path = self._path(key)
+        tmp = path.with_suffix(".partial")
+        feather.write_feather(table, tmp, compression="lz4")
+        tmp.replace(path)  # a reader never sees half a file, a retried task overwrites cleanly
+
+    def get_table(self, key: str) -> pa.Table:
+        return feather.read_table(self._path(key), memory_map=False)
+
+    def drop(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self.owned:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __getstate__(self) -> dict:  # workers get the folder, never the ownership
+        return {"owned": False, "root": str(self.root)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.owned, self.root = state["owned"], Path(state["root"])
