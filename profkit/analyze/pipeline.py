@@ -33,6 +33,7 @@ class Analysis:
     balance: dict[str, pd.DataFrame] | None = None  # "ep" (when loads known), "dp"; None: not computed
     warnings: list[str] = field(default_factory=list)
     version: str = __version__
+    straggler_episodes: pd.DataFrame | None = None  # one row per episode: straggler_episodes.EPISODE_COLUMNS
     # one row per task of the run: stage, rank, worker, wall_s, peak_rss_bytes, events
     run_stats: pd.DataFrame | None = None
     store: object | None = None  # the scale path's store when asked to keep the aligned events

@@ -12,7 +12,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--expert-loads", metavar="FILE",
                    help="tokens per rank/step/layer (CSV rank,step,layer,tokens; default: found beside the traces)")
     add_load_options(p)
+    add_scale_options(p)
     p.set_defaults(run=run)
+
+
+def add_scale_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scale (the per-rank work runs as a map over ranks; same results on every executor)")
+    g.add_argument("--workers", type=int, metavar="N", help="processes of the local pool (default: CPU count)")
+    g.add_argument("--executor", choices=("serial", "pool", "dask"), default="pool",
+                   help="serial (in this process, debugging), pool (local processes, default), dask")
+    g.add_argument("--scheduler", metavar="ADDRESS", help="run on this Dask cluster (tcp://host:8786)")
+    g.add_argument("--dask-local", type=int, metavar="N", help="start a Dask LocalCluster of N workers here")
+    g.add_argument("--scratch", metavar="DIR",
+                   help="folder for intermediate per-rank tables (default: a temporary one; on a cluster, "
+                        "a folder every worker can reach)")
 
 
 def add_load_options(p: argparse.ArgumentParser) -> None:
@@ -28,10 +41,15 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return analyze_and_report(args.paths, args.out, args.step_pattern, args.rank, args.quiet, args.expert_loads)
+    scale = {"executor": args.executor, "workers": args.workers, "scheduler": args.scheduler,
+             "dask_local": args.dask_local, "scratch": args.scratch}
+    return analyze_and_report(args.paths, args.out, args.step_pattern, args.rank, args.quiet, args.expert_loads,
+                              scale=scale)
 
 
-def analyze_and_report(paths, out, step_pattern, rank_specs, quiet, expert_loads_file=None) -> int:
+def analyze_and_report(paths, out, step_pattern, rank_specs, quiet, expert_loads_file=None,
+                       scale: dict | None = None) -> int:
+    """``scale``: executor options for ``profkit.scale.analyze_paths``; None: load, then analyze in memory."""
     from profkit.analyze.pipeline import analyze
     from profkit.ingest.loader import RankMap, load
     from profkit.report.files import write_outputs
@@ -43,12 +61,6 @@ def analyze_and_report(paths, out, step_pattern, rank_specs, quiet, expert_loads
         print(f"profkit: {exc}", file=sys.stderr)
         return 2
     progress = None if quiet else (lambda msg: print(msg, file=sys.stderr))
-    capture = load(*paths, rank_map=rank_map, progress=progress)
-    for line in capture.skipped:
-        print(f"profkit: skipped {line}", file=sys.stderr)
-    if capture.parts.empty:
-        print("profkit: nothing could be analyzed", file=sys.stderr)
-        return 1
     from profkit.errors import TraceError
     from profkit.ingest.expert_loads import discover_expert_loads, read_expert_loads
 
@@ -57,7 +69,29 @@ def analyze_and_report(paths, out, step_pattern, rank_specs, quiet, expert_loads
     except TraceError as exc:
         print(f"profkit: skipped {exc}", file=sys.stderr)
         loads = None
-    analysis = analyze(capture, step_pattern, expert_loads=loads)
+    if scale is not None:
+        from profkit.scale import ScaleError, analyze_paths
+
+        try:
+            analysis = analyze_paths(paths, step_pattern=step_pattern, expert_loads=loads, rank_map=rank_map,
+                                     progress=progress, **scale)
+        except (ScaleError, ValueError, OSError) as exc:
+            print(f"profkit: {exc}", file=sys.stderr)
+            return 1
+        capture = analysis.capture
+        for line in capture.skipped:
+            print(f"profkit: skipped {line}", file=sys.stderr)
+        if capture.parts.empty:
+            print("profkit: nothing could be analyzed", file=sys.stderr)
+            return 1
+    else:
+        capture = load(*paths, rank_map=rank_map, progress=progress)
+        for line in capture.skipped:
+            print(f"profkit: skipped {line}", file=sys.stderr)
+        if capture.parts.empty:
+            print("profkit: nothing could be analyzed", file=sys.stderr)
+            return 1
+        analysis = analyze(capture, step_pattern, expert_loads=loads)
     if not quiet:
         print(render_summary(analysis))
     if out:

@@ -71,6 +71,9 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
         written.append(_csv(per_rank[STRAGGLER_COLUMNS + extra], out / "stragglers.csv"))
         written.append(_csv(analysis.lateness, out / "lateness.csv"))
         written.append(_csv(analysis.straggler_instances, out / "straggler_instances.csv"))
+    episodes = getattr(analysis, "straggler_episodes", None)
+    if isinstance(episodes, pd.DataFrame):  # one row per episode (straggler_episodes.EPISODE_COLUMNS)
+        written.append(_csv(episodes, out / "straggler_episodes.csv"))
     balance = analysis.balance or {}
     if "ep" in balance:
         written.append(_csv(balance["ep"], out / "balance.csv"))

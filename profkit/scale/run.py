@@ -6,6 +6,7 @@ the in-memory path (``analyze_capture``) already holds them all.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -17,9 +18,11 @@ from profkit import schema
 from profkit.align.estimate import estimate_from_ranks
 from profkit.analyze import overhead
 from profkit.analyze.balance import dp_imbalance, ep_balance
+from profkit.analyze.compare import cause_step_table
 from profkit.analyze.collectives import instances_from_candidates, match_instances
 from profkit.analyze.pipeline import Analysis, one_host
 from profkit.analyze.steps import choose_step_marker
+from profkit.analyze.straggler_episodes import straggler_episodes
 from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
 from profkit.analyze.summary import rank_summary
 from profkit.ingest.loader import Capture, RankMap, discover, resolve_ranks
@@ -55,6 +58,8 @@ def analyze_paths(
     t_start = time.perf_counter()
     files, skipped = discover(paths)
     store = DiskStore(scratch)
+    if executor == "pool" and not (scheduler or dask_local):  # no more processes than files to read
+        workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
     ex = make_executor(executor, workers, scheduler, dask_local)
     try:
         say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
@@ -111,6 +116,9 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     # map 1 + reduce: clocks and the step marker
     prep = ex.map(stages.prepare_task, [(r, keys[r], store, step_pattern) for r in ranks], labels)
     stats += [p.stats for p in prep]
+    for part_keys in keys.values():
+        for k in part_keys:
+            store.drop(k)
     clocks = [p.clock for p in prep if p.n_events]
     alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if clocks else None
     warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
@@ -169,6 +177,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         stats += [p.stats for p in ph]
         phases = WindowPhases.concat([p.phases for p in ph])
     per_rank, per_instance, lateness = finish_stragglers(plan, phases)
+    episodes = straggler_episodes(lateness, per_rank, cause_step_table(charged))
     for r in ranks:
         stages.drop_rank_tables(store, r)
     tokens = _concat([r.tokens for r in rr], None)
@@ -190,6 +199,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         straggler_instances=per_instance,
         lateness=lateness,
         straggler_ranks=straggler_ranks(per_rank),
+        straggler_episodes=episodes,
         balance=balance,
         warnings=warnings,
         run_stats=stages.stats_frame(stats),

@@ -165,9 +165,7 @@ def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | Non
     if part_keys:
         tables = [table_with_rank(store.get_table(k), rank) for k in part_keys]
         events = schema.to_frame(pa.concat_tables(tables))
-        store.put(events_key(rank), events)
-        for k in part_keys:
-            store.drop(k)
+        store.put(events_key(rank), events)  # the parts are dropped by the driver: a retried task reads them again
     else:
         events = store.get(events_key(rank))
     out = PrepareResult(rank=rank, clock=prepare_rank(events), markers=step_marker_facts(events, step_pattern),
