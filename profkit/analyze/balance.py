@@ -14,12 +14,18 @@ parsed JSON, never a path; the CLI reads ``--expert-loads FILE``):
   expert]``: tokens received by the rank's local experts);
 - ``parse_sim_expert_loads``: the simulator's ``expert_loads.json`` (``tokens[step][layer][rank]``);
 - ``parse_expert_loads``: either of those, or CSV with the ``LOAD_COLUMNS`` header.
+
+``dp_imbalance_cost`` prices DP imbalance from two analyses of the same requests, a mirror replay
+(every rank an identical copy: balanced) and a lag replay (the same copies through a DP balancer):
+the step-time change per step and per token served, with bootstrap intervals (``profkit compare``).
 """
 from __future__ import annotations
 
 import io
 import json
+import math
 import re
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
@@ -211,3 +217,249 @@ def _empty(columns: list[str]) -> pd.DataFrame:
                                                                                      "tokens_mean", "tokens_share",
                                                                                      "hot_rank_share"))
                                       else "int64") for c in columns})
+
+
+# ---- DP-imbalance cost: a mirror and a lag replay of the same requests ----------------------------
+#: columns of ``dp_imbalance_cost.csv`` (one row per metric; CI columns NaN for point-only rows)
+DP_COST_COLUMNS = ["metric", "unit", "base", "cand", "delta", "delta_lo", "delta_hi", "rel", "rel_lo", "rel_hi",
+                   "significant"]
+DP_STEP_COLUMNS = ["step", "n_ranks", "step_ns_sum", "total_tokens", "mean_tokens", "max_tokens", "balancedness",
+                   "wait_ns_sum"]
+#: causes that are time spent waiting for other ranks (refined collective / DP-sync waits, unrefined waits)
+WAIT_CAUSE = re.compile(r"^(?:waiting for rank \d+|wait:.*)$")
+_DP_SOURCE = "dp_imbalance"  # one bootstrap stream per side for every DP metric
+
+
+def dp_step_samples(steps: pd.DataFrame, dp: pd.DataFrame | None,
+                    cause_steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per step with known token counts (the bootstrap unit; ranks of one step move together):
+    summed step time over ranks, tokens (from ``dp_imbalance``'s table), balancedness, and the time
+    ranks spent waiting for others (``WAIT_CAUSE`` rows of ``cause_steps``; NaN when unknown).
+    Steps without token counts are left out: no token count, no imbalance to price."""
+    if steps is None or not len(steps) or dp is None or not len(dp):
+        return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("mean_tokens", "balancedness", "wait_ns_sum")
+                                          else "int64") for c in DP_STEP_COLUMNS})
+    g = steps.groupby("step", sort=True)["step_ns"]
+    per = pd.DataFrame({"n_ranks": g.size(), "step_ns_sum": g.sum()}).reset_index()
+    tok = dp[["step", "total_tokens", "mean_tokens", "max_tokens", "balancedness"]]
+    per = per.merge(tok, on="step", how="inner")
+    if cause_steps is not None:
+        waits = cause_steps[cause_steps["cause"].astype(str).str.match(WAIT_CAUSE)]
+        per["wait_ns_sum"] = per["step"].map(waits.groupby("step")["ns"].sum()).fillna(0).astype("float64")
+    else:
+        per["wait_ns_sum"] = np.nan
+    return per.astype({"step": "int64", "n_ranks": "int64", "step_ns_sum": "int64", "total_tokens": "int64",
+                       "max_tokens": "int64", "mean_tokens": "float64", "balancedness": "float64"})[DP_STEP_COLUMNS]
+
+
+@dataclass
+class DpCostMetric:
+    """One row of the DP-imbalance section: both sides, the change and its bootstrap interval."""
+
+    metric: str
+    unit: str  # "ns", "ns/token", "ratio", "tokens"
+    base: float
+    cand: float
+    delta: float = math.nan
+    delta_ci: tuple[float, float] = (math.nan, math.nan)
+    rel: float = math.nan
+    rel_ci: tuple[float, float] = (math.nan, math.nan)
+
+    @property
+    def significant(self) -> bool:
+        """The interval of the change excludes 0 (False where there is no interval)."""
+        lo, hi = self.delta_ci
+        return bool(math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0))
+
+    def row(self) -> dict:
+        return {"metric": self.metric, "unit": self.unit, "base": self.base, "cand": self.cand, "delta": self.delta,
+                "delta_lo": self.delta_ci[0], "delta_hi": self.delta_ci[1], "rel": self.rel,
+                "rel_lo": self.rel_ci[0], "rel_hi": self.rel_ci[1], "significant": self.significant}
+
+
+@dataclass
+class DpCost:
+    """The DP-imbalance section of ``profkit compare``: BASE (the mirror) vs CAND (the lag)."""
+
+    available: bool
+    headline: str
+    metrics: list[DpCostMetric] = field(default_factory=list)
+    sides: dict[str, dict] = field(default_factory=dict)  # "base"/"cand": balancedness summary
+    wait_share: float = math.nan  # waiting change / mean step-time change
+    paired: bool = False  # step resamples shared by both sides (they replay the same steps)
+    significant: bool = False  # CAND is less balanced and its step time significantly longer
+    notes: list[str] = field(default_factory=list)
+    confidence: float = 0.95
+
+    def get(self, name: str) -> DpCostMetric | None:
+        return next((m for m in self.metrics if m.metric == name), None)
+
+    def to_frame(self) -> pd.DataFrame:
+        """``dp_imbalance_cost.csv``: ``DP_COST_COLUMNS``, one row per metric."""
+        if not self.metrics:
+            return pd.DataFrame({c: pd.Series(dtype="object") for c in DP_COST_COLUMNS})
+        return pd.DataFrame([m.row() for m in self.metrics])[DP_COST_COLUMNS]
+
+    def to_dict(self) -> dict:
+        def clean(x):
+            if isinstance(x, float) and not math.isfinite(x):
+                return None
+            if isinstance(x, (np.floating, np.integer)):
+                return clean(x.item())
+            return x
+
+        return {"available": self.available, "headline": self.headline, "confidence": self.confidence,
+                "paired": self.paired, "significant": self.significant,
+                "wait_share": clean(self.wait_share), "notes": self.notes,
+                "sides": {k: {kk: clean(vv) for kk, vv in v.items()} for k, v in self.sides.items()},
+                "metrics": [{k: clean(v) for k, v in m.row().items()} for m in self.metrics]}
+
+
+def _side_summary(per: pd.DataFrame) -> dict:
+    """DP balancedness of one side: how far from a mirror it is."""
+    bal = per["balancedness"].dropna()
+    tokens = per["total_tokens"].sum()
+    return {"n_steps": int(len(per)), "balancedness_mean": float(bal.mean()) if len(bal) else math.nan,
+            "balancedness_min": float(bal.min()) if len(bal) else math.nan,
+            "steps_unbalanced": int((bal < 1.0 - 1e-12).sum()),
+            "padding_share": float(1.0 - per["mean_tokens"].sum() / per["max_tokens"].sum())
+            if per["max_tokens"].sum() > 0 else math.nan,
+            "tokens_served": int(tokens), "tokens_per_step": float(tokens / len(per)) if len(per) else math.nan}
+
+
+def _resampled(per: pd.DataFrame, steps: pd.DataFrame, n_resamples: int, seed: int, side: int) -> dict[str, np.ndarray]:
+    """Every DP metric over the same step resamples of one side (so their ratios are coherent);
+    two sides given the same ``side`` number and step list get the same resamples (paired)."""
+    from profkit.analyze.compare import _pivot, _rng, bootstrap
+
+    n = len(per)
+    idx = _rng(seed, side, _DP_SOURCE).integers(0, n, size=(n_resamples, n))
+    s_sum, n_r = per["step_ns_sum"].to_numpy(np.float64), per["n_ranks"].to_numpy(np.float64)
+    tok, bal = per["total_tokens"].to_numpy(np.float64), per["balancedness"].to_numpy(np.float64)
+    wait = per["wait_ns_sum"].to_numpy(np.float64)
+    step_mean = s_sum / n_r  # the fleet's step time in that step
+    kept = steps[steps["step"].isin(per["step"])]
+    matrix = _pivot(kept, "step_ns", per["step"].to_numpy(), np.sort(kept["rank"].unique()))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "step_ns_mean": s_sum[idx].sum(1) / n_r[idx].sum(1),
+            # same generator seed: bootstrap() draws the very same step indices first
+            "step_ns_p50": bootstrap(matrix, "p50", n_resamples, _rng(seed, side, _DP_SOURCE)),
+            "step_ns_per_token": step_mean[idx].sum(1) / tok[idx].sum(1),
+            "wait_ns_mean": wait[idx].sum(1) / n_r[idx].sum(1),
+            "balancedness_mean": np.nanmean(bal[idx], axis=1) if np.isfinite(bal).any() else np.full(n_resamples, np.nan),
+        }
+
+
+def _points(per: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
+    kept = steps[steps["step"].isin(per["step"])]
+    n_r = per["n_ranks"].sum()
+    step_mean = per["step_ns_sum"] / per["n_ranks"]
+    tok = per["total_tokens"].sum()
+    return {"step_ns_mean": float(per["step_ns_sum"].sum() / n_r), "step_ns_p50": float(np.median(kept["step_ns"])),
+            "step_ns_per_token": float(step_mean.sum() / tok) if tok else math.nan,
+            "wait_ns_mean": float(per["wait_ns_sum"].sum() / n_r) if per["wait_ns_sum"].notna().all() else math.nan,
+            "balancedness_mean": float(per["balancedness"].mean())}
+
+
+DP_METRICS = (  # name, unit
+    ("step_ns_mean", "ns"), ("step_ns_p50", "ns"), ("step_ns_per_token", "ns/token"),
+    ("wait_ns_mean", "ns"), ("balancedness_mean", "ratio"),
+)
+
+
+def dp_imbalance_cost(base_steps: pd.DataFrame, base_dp: pd.DataFrame | None,
+                      cand_steps: pd.DataFrame, cand_dp: pd.DataFrame | None,
+                      base_cause_steps: pd.DataFrame | None = None, cand_cause_steps: pd.DataFrame | None = None,
+                      n_resamples: int = 2000, seed: int = 0, confidence: float = 0.95) -> DpCost:
+    """What DP imbalance costs, from a mirror (BASE: every rank the same batch) and a lag replay (CAND:
+    the same requests dealt out by a balancer): the change in step time (mean and median per step,
+    and per token served), each with a bootstrap interval over steps (seeded; paired, i.e. the same
+    steps drawn on both sides, when both have the same step numbers, as two replays of one request
+    set do; else independent), the DP balancedness of each side, and the share of the change that the causes tables
+    charge to waiting for other ranks. ``*_steps``: rank, step, step_ns (steps.csv); ``*_dp``:
+    dp_imbalance.csv; ``*_cause_steps``: cause_steps.csv. Without token counts on a side there is no
+    mirror/lag pair to price: ``available`` is False and the headline says why."""
+    from profkit.analyze.compare import _percentiles
+
+    missing = [name for name, st, dp in (("BASE", base_steps, base_dp), ("CAND", cand_steps, cand_dp))
+               if dp is None or not len(dp) or st is None or not len(st)]
+    if missing:
+        return DpCost(False, f"DP imbalance: no cost computed: {' and '.join(missing)} "
+                             f"{'has' if len(missing) == 1 else 'have'} no token counts per rank and step "
+                             "(dp_imbalance.csv empty or missing), so this is not a mirror/lag pair of replays",
+                      confidence=confidence)
+    per_b = dp_step_samples(base_steps, base_dp, base_cause_steps)
+    per_c = dp_step_samples(cand_steps, cand_dp, cand_cause_steps)
+    short = [name for name, per in (("BASE", per_b), ("CAND", per_c)) if len(per) < 2]
+    if short:
+        return DpCost(False, f"DP imbalance: no cost computed: {' and '.join(short)}: fewer than 2 steps with both "
+                             "a step time and token counts", confidence=confidence)
+    sides = {"base": _side_summary(per_b), "cand": _side_summary(per_c)}
+    pb, pc = _points(per_b, base_steps), _points(per_c, cand_steps)
+    # a replay pair serves the same requests over the same steps: resample the same steps on both
+    # sides (paired), so what the steps share (their token counts, and with one seed their noise)
+    # cancels and the interval is that of the change itself; otherwise independently, like compare
+    paired = per_b["step"].tolist() == per_c["step"].tolist()
+    rb = _resampled(per_b, base_steps, n_resamples, seed, 0)
+    rc = _resampled(per_c, cand_steps, n_resamples, seed, 0 if paired else 1)
+    metrics = []
+    for name, unit in DP_METRICS:
+        b, c = pb[name], pc[name]
+        m = DpCostMetric(name, unit, b, c, c - b)
+        m.rel = (c - b) / b if b and math.isfinite(b) else math.nan
+        deltas = rc[name] - rb[name]
+        if np.isfinite(deltas).any():
+            m.delta_ci = _percentiles(deltas, confidence)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m.rel_ci = _percentiles(np.where(rb[name] != 0, deltas / rb[name], np.nan), confidence)
+        metrics.append(m)
+    out = DpCost(True, "", metrics, sides, confidence=confidence, paired=paired)
+    step, wait = out.get("step_ns_mean"), out.get("wait_ns_mean")
+    if step is not None and wait is not None and math.isfinite(wait.delta) and step.delta:
+        out.wait_share = wait.delta / step.delta
+    if not math.isfinite(pb["wait_ns_mean"]) or not math.isfinite(pc["wait_ns_mean"]):
+        out.notes.append("no per-step cause samples (cause_steps.csv) on a side: the waiting share is unknown")
+    if sides["base"]["steps_unbalanced"]:
+        out.notes.append(f"BASE is not a mirror replay (balancedness < 1 on {sides['base']['steps_unbalanced']} of "
+                         f"{sides['base']['n_steps']} steps): the change is the difference in imbalance cost, not all of it")
+    if not sides["cand"]["steps_unbalanced"]:
+        out.notes.append("CAND is balanced at every step (a mirror?): there is no DP imbalance to price")
+    tb, tc = sides["base"]["tokens_per_step"], sides["cand"]["tokens_per_step"]
+    if tb > 0 and abs(tc - tb) > 0.2 * tb:
+        out.notes.append(f"the sides served different tokens per step ({tb:.0f} vs {tc:.0f}): not the same requests? "
+                         "read the change per token served")
+    out.headline = _dp_headline(out)
+    return out
+
+
+def _dp_headline(c: DpCost) -> str:
+    """Sets ``c.significant`` too: a cost is DP imbalance's only where CAND is the less balanced side."""
+    step, per_tok, bal_change = c.get("step_ns_mean"), c.get("step_ns_per_token"), c.get("balancedness_mean")
+    assert step is not None and per_tok is not None and bal_change is not None
+    bal = f"DP balancedness {c.sides['base']['balancedness_mean']:.3f} -> {c.sides['cand']['balancedness_mean']:.3f}"
+    lo, hi = step.delta_ci
+    ci = f" [{lo / 1e6:+.3f}, {hi / 1e6:+.3f}]" if math.isfinite(lo) else ""
+    tlo, thi = per_tok.delta_ci
+    tci = f" [{tlo:+.0f}, {thi:+.0f}]" if math.isfinite(tlo) else ""
+    if math.isfinite(tlo) and not per_tok.significant:
+        tci += " (within noise)"
+    change = (f"{step.delta / 1e6:+.3f} ms per step ({100 * step.rel:+.1f}%){ci}, "
+              f"{per_tok.delta:+.0f} ns per token served ({100 * per_tok.rel:+.1f}%){tci}")
+    less_balanced = math.isfinite(bal_change.delta_ci[1]) and bal_change.delta_ci[1] < 0
+    if math.isfinite(bal_change.delta_ci[0]) and bal_change.delta_ci[0] > 0:
+        return (f"DP imbalance: BASE is the less balanced side ({bal}): give the mirror replay as BASE and the "
+                f"lag replay as CAND; as given, CAND's mean step time changed by {change}")
+    if not less_balanced:
+        return (f"DP imbalance: none to price: CAND is not less balanced than BASE ({bal}); the mean step time "
+                f"changed by {change}, which is not DP imbalance (noise, machine, seed or requests)")
+    if not step.significant:
+        return f"DP imbalance: no significant cost: mean step time {change}; {bal}"
+    if step.delta < 0:
+        return (f"DP imbalance: CAND is FASTER by {change}; {bal} (expected BASE = mirror, CAND = lag: "
+                "swapped, or something else changed)")
+    c.significant = True
+    text = f"DP-imbalance cost: {change}; {bal}"
+    if math.isfinite(c.wait_share):
+        text += f"; {100 * c.wait_share:.0f}% of it is waiting for other ranks"
+    return text

@@ -29,10 +29,17 @@ A step-level metric's change is relative to its own baseline value; a cause's (a
 is relative to the baseline's step time p50: what the cause costs a step. The overall verdict is
 `regressed` if any metric regressed. Exit code 1 then, 2 on unusable input, else 0.
 
+DP imbalance: when both folders have token counts per rank and step (dp_imbalance.csv), a
+section follows the table: each side's DP balancedness (mean / max tokens per step), the change in
+mean and median step time and in step time per token served, each with its bootstrap interval, and
+the share of the change that cause_steps.csv charges to waiting for other ranks. For BASE a mirror
+replay (every rank an identical copy of the requests) and CAND a lag replay of the same requests
+(dealt out by a DP balancer), that change is what DP imbalance costs. It goes into --json
+(`dp_imbalance`) and --dp-csv; without token counts the section says so and computes nothing. It
+never changes the verdict or the exit code.
+
 uses: gate CI on a nightly capture (`profkit compare last-good-nightly out/ --db runs.sqlite`);
-compare a mirror and a lag replay of the same requests (analyze each, then
-`profkit compare mirror_out/ lag_out/`): the change in step time and in the waits is what DP
-imbalance costs.
+price DP imbalance (`profkit compare mirror_out/ lag_out/ --dp-csv dp_imbalance_cost.csv`).
 """
 
 
@@ -48,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resamples", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
     p.add_argument("--top-causes", type=int, default=5, metavar="N", help="compare the top N causes of each run (default 5)")
     p.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
+    p.add_argument("--dp-csv", metavar="OUT", help="also write the DP-imbalance section as CSV (dp_imbalance_cost.csv)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the one-line verdict")
     p.set_defaults(run=run)
 
@@ -81,13 +89,18 @@ def run(args: argparse.Namespace) -> int:
     say(f"bootstrapping ({args.resamples} resamples, seed {args.seed})")
     result = cmp.compare(samples_of(base), samples_of(cand), threshold=threshold, n_resamples=args.resamples,
                          seed=args.seed, top_causes=args.top_causes, base_name=base.name, cand_name=cand.name)
+    dp = dp_cost(base, cand, n_resamples=args.resamples, seed=args.seed)
     if args.quiet:
         print(result.headline)
     else:
-        print(render(result, base, cand))
+        print(render(result, base, cand, dp))
+    if args.dp_csv:
+        dp.to_frame().to_csv(args.dp_csv, index=False)
+        say(f"wrote {args.dp_csv}")
     if args.json:
         doc = result.to_dict()
         doc["notes"] = {"base": base.notes, "candidate": cand.notes}
+        doc["dp_imbalance"] = dp.to_dict()
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=2)
             fh.write("\n")
@@ -95,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
     return 1 if result.regressed else 0
 
 
-def render(result, base, cand) -> str:
-    """The comparison as a table that fits 120 columns, then the verdict sentence."""
+def render(result, base, cand, dp=None) -> str:
+    """The comparison as a table that fits 120 columns, the DP-imbalance section (``dp``, when
+    given), then the verdict sentence (always the last line)."""
     from profkit.analyze import compare as cmp
 
     lines = [
@@ -122,8 +136,88 @@ def render(result, base, cand) -> str:
     for who, r in (("base", base), ("cand", cand)):
         for note in r.notes:
             lines.append(f"note ({who}): {note}")
+    if dp is not None:
+        lines += ["", render_dp(dp)]
     lines += ["", result.headline]
     return "\n".join(lines)
+
+
+def dp_tokens(run):
+    """A run's ``dp_imbalance.csv`` (tokens per rank and step), read from its analysis folder; None for
+    a run from the history database (it keeps no token counts) or a folder without the file."""
+    import pandas as pd
+
+    from profkit.history.runs import RunError, is_analysis_dir
+
+    if run.run_id is not None or not run.source or not is_analysis_dir(run.source):
+        return None
+    path = Path(run.source) / "dp_imbalance.csv"
+    if not path.is_file():
+        return None
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{path}: unreadable CSV: {exc}") from exc
+    needed = ["step", "total_tokens", "mean_tokens", "max_tokens", "balancedness"]
+    if [c for c in needed if c not in df.columns]:
+        return None
+    return df.dropna(subset=["total_tokens", "max_tokens"])
+
+
+def dp_cost(base, cand, n_resamples: int = 2000, seed: int = 0):
+    """The DP-imbalance section for two runs (``balance.dp_imbalance_cost`` on their tables)."""
+    from profkit.analyze.balance import dp_imbalance_cost
+
+    return dp_imbalance_cost(base.steps, dp_tokens(base), cand.steps, dp_tokens(cand),
+                             base.cause_steps, cand.cause_steps, n_resamples=n_resamples, seed=seed)
+
+
+def render_dp(dp) -> str:
+    """The DP-imbalance section: balancedness per side, step-time changes with intervals, waits."""
+    if not dp.available:
+        return dp.headline
+    b, c = dp.sides["base"], dp.sides["cand"]
+    pct = f"{dp.confidence:.0%}"
+    lines = [
+        "DP imbalance: BASE = mirror replay, CAND = lag replay of the same requests",
+        f"({b['n_steps']} and {c['n_steps']} steps with token counts per rank; intervals "
+        f"{'paired by step' if dp.paired else 'over steps, sides resampled independently'})",
+        f"{'':40} {'base':>10} {'cand':>10} {'change':>10}  {pct} interval of change",
+        f"{'DP balancedness, mean (mean/max tokens)':40} {b['balancedness_mean']:>10.3f} {c['balancedness_mean']:>10.3f}"
+        f" {c['balancedness_mean'] - b['balancedness_mean']:>+10.3f}",
+        f"{'DP balancedness, worst step':40} {b['balancedness_min']:>10.3f} {c['balancedness_min']:>10.3f}",
+        f"{'steps with balancedness < 1':40} {b['steps_unbalanced']:>10} {c['steps_unbalanced']:>10}",
+        f"{'padding share (1 - sum mean / sum max)':40} {100 * b['padding_share']:>9.1f}% {100 * c['padding_share']:>9.1f}%",
+        f"{'tokens served per step (all ranks)':40} {b['tokens_per_step']:>10.0f} {c['tokens_per_step']:>10.0f}",
+    ]
+    titles = {"step_ns_mean": ("step time, mean (ms)", 1e6, 3), "step_ns_p50": ("step time, p50 (ms)", 1e6, 3),
+              "step_ns_per_token": ("step time per token served (ns)", 1.0, 0),
+              "wait_ns_mean": ("waiting for other ranks (ms/rank/step)", 1e6, 3)}
+    for m in dp.metrics:
+        if m.metric not in titles:
+            continue
+        title, scale, digits = titles[m.metric]
+        if not math.isfinite(m.base) or not math.isfinite(m.cand):
+            lines.append(f"{title:40} {'-':>10} {'-':>10}")
+            continue
+        lo, hi = m.delta_ci
+        ci = f"[{lo / scale:+.{digits}f}, {hi / scale:+.{digits}f}]" if math.isfinite(lo) else "-"
+        rel = f" ({cmp_pct(m.rel)})" if math.isfinite(m.rel) else ""
+        tail = ""
+        if m.metric == "wait_ns_mean" and math.isfinite(dp.wait_share):
+            tail = f" = {100 * dp.wait_share:.0f}% of the mean step-time change"
+        lines.append(f"{title:40} {m.base / scale:>10.{digits}f} {m.cand / scale:>10.{digits}f}"
+                     f" {m.delta / scale:>+10.{digits}f}  {ci + rel:26}{tail}".rstrip())
+    for note in dp.notes:
+        lines.append(f"note: {note}")
+    lines.append(dp.headline)
+    return "\n".join(lines)
+
+
+def cmp_pct(x: float) -> str:
+    from profkit.analyze import compare as cmp
+
+    return cmp.fmt_pct(x)
 
 
 def _v(x: float, unit: str, signed: bool = False) -> str:

@@ -3,6 +3,7 @@
     python -m profkit.engine --ranks N --steps S [--device cpu|cuda]
         [--inject KIND:rank=R[,every=K][,ms=M][,start=S]]... [--truth FILE] [--out DIR] [--seed K]
         [--torch-profile DIR --profile-steps A:B] [--cuda-profiler-steps A:B] [--split-procs]
+        [--replay mirror|lag [--replay-seed K]]
 
 Profiler windows are step numbers [A, B): started before step A and stopped before step B on
 every rank. Exit status 0 when every rank finished; otherwise non-zero with the failed rank named.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from .config import EngineConfig, ModelSize
 from .faults import FAULT_KINDS, parse_inject
+from .replay import REPLAY_MODES, replay_truth
 from .truth import build_truth, read_timings, write_truth
 
 
@@ -64,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cudaProfilerStart/Stop window [A, B) (nsys --capture-range=cudaProfilerApi)")
     p.add_argument("--split-procs", action="store_true",
                    help="engine core (scheduler) and worker (model) in two processes per rank, like vLLM")
+    p.add_argument("--replay", choices=REPLAY_MODES,
+                   help="serve one seeded request set instead of per-rank random arrivals: mirror = every "
+                        "rank gets an identical copy (balanced), lag = the same copies dealt round-robin "
+                        "in arrival order (DP imbalance); compare the two for the DP-imbalance cost")
+    p.add_argument("--replay-seed", type=int, default=0, metavar="K",
+                   help="seed of the replayed request set (independent of --seed; default 0)")
+    p.add_argument("--token-us", type=float, default=0.0, metavar="US",
+                   help="modelled device time per padded token and step, slept inside attention (default 0: "
+                        "off); makes the batch size cost time on CPU as it does on a GPU")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is killed")
     p.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout, seconds")
     sizes = p.add_argument_group("model size (defaults depend on --device)")
@@ -89,6 +100,8 @@ def make_config(args: argparse.Namespace, argv: list[str]) -> EngineConfig:
     for spec in args.inject:
         if spec.rank >= args.ranks:
             raise SystemExit(f"--inject {spec.kind}: rank {spec.rank} out of range for --ranks {args.ranks}")
+    if args.token_us < 0:
+        raise SystemExit("--token-us must be >= 0")
     if args.profile_steps and not args.torch_profile:
         raise SystemExit("--profile-steps needs --torch-profile DIR")
     if args.torch_profile and not args.profile_steps:
@@ -102,6 +115,7 @@ def make_config(args: argparse.Namespace, argv: list[str]) -> EngineConfig:
         torch_profile_dir=str(Path(args.torch_profile).resolve()) if args.torch_profile else None,
         profile_steps=args.profile_steps, cuda_profiler_steps=args.cuda_profiler_steps,
         split_procs=args.split_procs, pg_timeout_s=args.pg_timeout, master_port=free_port(),
+        replay=args.replay, replay_seed=args.replay_seed, token_ns=int(round(args.token_us * 1e3)),
         command=shlex.join([sys.executable, "-m", "profkit.engine", *argv]))
 
 
@@ -156,6 +170,16 @@ def summarize(cfg: EngineConfig, timings: dict[int, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def replay_line(replay: dict) -> str:
+    """One line on what a mirror/lag replay served and at what step time per token."""
+    bal = [b for b in replay["balancedness"] if b is not None]
+    per_tok = replay["step_ns_per_token"]
+    return (f"replay {replay['mode']} (seed {replay['seed']}): {replay['requests']} requests, "
+            f"{replay['tokens_served']} tokens served; DP balancedness mean {sum(bal) / max(len(bal), 1):.3f}, "
+            f"min {min(bal, default=float('nan')):.3f}; "
+            f"{'-' if per_tok is None else f'{per_tok / 1e3:.2f}'} us of step time per token served")
+
+
 def _maybe_list(window: tuple[int, int] | None) -> list[int] | None:
     return list(window) if window else None
 
@@ -178,13 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     timings = {r: read_timings(p) for r in range(cfg.ranks)
                if (p := Path(cfg.out_dir) / f"rank{r}.steps.jsonl").exists()}
     print(summarize(cfg, timings))
+    replay = replay_truth(cfg.replay, cfg.ranks, cfg.size, cfg.steps, cfg.replay_seed, timings) if cfg.replay else None
+    if replay is not None:
+        print(replay_line(replay))
     if args.truth:
         truth = build_truth(cfg.faults, timings, command=cfg.command, ranks=cfg.ranks, steps=cfg.steps,
                             device=device_name(cfg), seed=cfg.seed, split_procs=cfg.split_procs,
                             profile_steps=_maybe_list(cfg.profile_steps),
                             cuda_profiler_steps=_maybe_list(cfg.cuda_profiler_steps),
                             out_dir=cfg.out_dir, exit_status=status,
-                            size=vars(cfg.size) | {"num_experts": cfg.num_experts})
+                            size=vars(cfg.size) | {"num_experts": cfg.num_experts}, token_ns=cfg.token_ns,
+                            **({"replay": replay} if replay is not None else {}))
         write_truth(args.truth, truth)
         print(f"truth: {args.truth}")
     print(f"step timings: {cfg.out_dir} (rank{{r}}.steps.jsonl); {wall_s:.1f} s")

@@ -67,6 +67,9 @@ class EngineConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     command: str = ""
+    replay: str | None = None  # "mirror" | "lag": serve a fixed request set (replay.py)
+    replay_seed: int = 0
+    token_ns: int = 0  # modelled device time per padded token and step (--token-us); 0 = off
 
     @property
     def num_experts(self) -> int:

@@ -44,6 +44,7 @@ from .annotate import Spans
 from .config import (SPAN_GC, SPAN_RPC_EXECUTE, SPAN_RPC_SAMPLE, SPAN_SCHEDULE, SPAN_STEP,
                      SPAN_UPDATE, EngineConfig)
 from .faults import ENGINE_KINDS, WORKER_KINDS, FaultRuntime, InjectedCrash
+from .replay import requests_for
 from .runner import GPUModelRunner, Worker
 from .scheduler import Scheduler, SchedulerOutput
 
@@ -328,7 +329,9 @@ def rank_main(rank: int, cfg: EngineConfig) -> None:
         worker, prof = _build_worker(cfg, rank, device, spans, faults)
         executor = InprocExecutor(worker)
     _write_info(cfg, rank, device, faults, "engine")
-    core = EngineCore(rank, Scheduler(rank, cfg.seed, cfg.size, faults), executor, spans, faults)
+    replayed = (requests_for(cfg.replay, cfg.ranks, rank, cfg.size, cfg.steps, cfg.replay_seed)
+                if cfg.replay else None)
+    core = EngineCore(rank, Scheduler(rank, cfg.seed, cfg.size, faults, replayed), executor, spans, faults)
     with open(timings_path(cfg.out_dir, rank), "w", buffering=1) as timings:
         for step in range(cfg.steps):
             prof.before_step(step)

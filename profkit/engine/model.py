@@ -10,6 +10,7 @@ twice per layer, which is why one slow rank stalls all of them.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +38,12 @@ class MoEModel:
     """Weights and forward pass; no autograd, no nn.Module (nothing here needs them)."""
 
     def __init__(self, size: ModelSize, rank: int, world: int, device: torch.device,
-                 dtype: torch.dtype, seed: int, spans: Spans, ep_group=None):
+                 dtype: torch.dtype, seed: int, spans: Spans, ep_group=None, token_ns: int = 0):
+        """``token_ns``: modelled device time per padded token and step (``--token-us``), slept in the
+        attention spans: the toy model's own compute barely depends on the batch on CPU, a real
+        forward does, and a sleep costs the same under CPU contention (timing tests stay stable)."""
         self.size, self.rank, self.world = size, rank, world
+        self.token_ns = int(token_ns)
         self.device, self.dtype, self.spans, self.group = device, dtype, spans, ep_group
         self.num_experts = size.experts_per_rank * world
         H, F, L, V, C, E = size.hidden, size.ffn, size.layers, size.vocab, size.kv_len, self.num_experts
@@ -85,6 +90,8 @@ class MoEModel:
                 scores = (h @ self.w_q[layer]) @ self.k_cache[layer].T * scale
                 attn = torch.softmax(scores.float(), dim=-1).to(x.dtype) @ self.v_cache[layer]
                 x = x + attn @ self.w_o[layer]
+                if self.token_ns:  # padded rows too: every DP rank runs the padded batch
+                    time.sleep(x.shape[0] * self.token_ns / self.size.layers / 1e9)
             with self.spans.span("router"):
                 h = self._rmsnorm(x[:n_real])
                 logits = h @ self.w_router[layer]

@@ -28,7 +28,7 @@ class GPUModelRunner:
         self.cfg, self.rank, self.device, self.spans, self.faults = cfg, rank, device, spans, faults
         self.dp_cpu_group = dp_cpu_group
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.model = MoEModel(cfg.size, rank, cfg.ranks, device, dtype, cfg.seed, spans)
+        self.model = MoEModel(cfg.size, rank, cfg.ranks, device, dtype, cfg.seed, spans, token_ns=cfg.token_ns)
         hot = [s for s in cfg.faults if s.kind == "hot_experts"]  # every rank routes with the bias
         self._hot = hot
         self._hidden: torch.Tensor | None = None

@@ -1,10 +1,11 @@
 """Continuous-batching scheduler: real Python work over a request queue, like vLLM's ``Scheduler``.
 
 Requests arrive from a seeded RNG (per rank, so DP ranks get different batches), with varying
-prompt and output lengths. Each step decodes every running request (one token each) and fills the
-rest of the token budget with (chunked) prefills, allocating KV blocks from a free list. The batch
-sequence depends only on (seed, rank), never on model outputs or faults, so a clean run and a
-faulty run with the same seed schedule the same tokens.
+prompt and output lengths; or, under ``--replay mirror|lag``, from a fixed list (``replay.py``).
+Each step decodes every running request (one token each) and fills the rest of the token budget
+with (chunked) prefills, allocating KV blocks from a free list. The batch sequence depends only on
+(seed, rank) (or the replayed list), never on model outputs or faults, so a clean run and a faulty
+run with the same seed schedule the same tokens.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .config import ModelSize, step_annotation
 from .faults import FaultRuntime, spin_until
+from .replay import ReplayRequest
 
 BLOCK_SIZE = 16
 
@@ -63,7 +65,10 @@ class SchedulerOutput:
 class Scheduler:
     """vLLM-shaped: ``schedule()`` then, after the model ran, ``update_from_output()``."""
 
-    def __init__(self, rank: int, seed: int, size: ModelSize, faults: FaultRuntime):
+    def __init__(self, rank: int, seed: int, size: ModelSize, faults: FaultRuntime,
+                 replay: list[ReplayRequest] | None = None):
+        """``replay``: this rank's requests of a mirror/lag replay, which then replace the RNG's
+        arrivals (each enters the waiting queue at its arrival step)."""
         self.rank = rank
         self.size = size
         self.faults = faults
@@ -77,6 +82,10 @@ class Scheduler:
         self.output_range = (4, 48)
         per_seq = -(-(self.prompt_range[1] + self.output_range[1]) // BLOCK_SIZE)
         self.free_blocks: deque[int] = deque(range(size.max_seqs * per_seq + 64))
+        self.replay: deque[ReplayRequest] | None = None
+        if replay is not None:
+            self.replay = deque(sorted(replay, key=lambda r: r.arrival_step))
+            return
         for _ in range(size.max_seqs // 2):
             self._arrive()
 
@@ -98,10 +107,18 @@ class Scheduler:
         self.free_blocks.extend(req.blocks)
         req.blocks.clear()
 
+    def _replay_arrivals(self, step: int) -> None:
+        assert self.replay is not None
+        while self.replay and self.replay[0].arrival_step <= step:
+            r = self.replay.popleft()
+            self.waiting.append(Request(r.req_id, list(r.prompt), r.max_output))
+
     def schedule(self, step: int) -> SchedulerOutput:
-        # arrivals: bursty, ~1 per step on average
-        for _ in range(self.rng.choice((0, 0, 1, 1, 2, 3))):
-            self._arrive()
+        if self.replay is not None:
+            self._replay_arrivals(step)
+        else:  # arrivals: bursty, ~1 per step on average
+            for _ in range(self.rng.choice((0, 0, 1, 1, 2, 3))):
+                self._arrive()
         budget = self.size.token_budget
         out = SchedulerOutput(step, [], [], [], [])
 

@@ -1,9 +1,15 @@
-"""A loaded capture -> one merged trace file (Perfetto protobuf or Chrome JSON), one rank at a time.
+"""Every rank's events -> one merged trace file (Perfetto protobuf or Chrome JSON), one rank at a time.
 
-Only one rank's layout and encoded packets exist at any moment; the file grows rank by rank
-(written to ``OUT.partial`` and renamed when complete, so a crash never leaves a file that looks
-whole). Clock alignment is a parameter: by default ``profkit.align`` when it can be imported,
-else the ranks are merged on their own clocks and the result says so.
+``merge_ranks(source, out, alignment=...)`` is the core: it reads one rank's events from a
+``RankSource`` (``profkit.export.source``), aligns, lays out and writes them, and releases them
+before it reads the next rank, so only one rank's events, layout and encoded packets exist at any
+moment (a DEP256 trace is written without holding it). What must be known of all ranks before the
+first is written (the step marker, display pids, the earliest event) comes from each rank's small
+``RankSummary``. ``merge_capture(capture, out)`` is the same over a loaded ``Capture``, with the
+alignment estimated over its events. The file grows rank by rank (written to ``OUT.partial`` and
+renamed when complete, so a crash never leaves a file that looks whole). Clock alignment is a
+parameter: by default ``profkit.align`` when it can be imported, else the ranks are merged on
+their own clocks and the result says so.
 """
 from __future__ import annotations
 
@@ -13,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Union
 
-import numpy as np
 import pandas as pd
 
 from profkit.export.chrome import ChromeWriter
 from profkit.export.identity import RankIdentity, display_pids, rank_identity
 from profkit.export.layout import build_rank_trace
 from profkit.export.perfetto import PerfettoWriter
-from profkit.export.steps import choose_marker, span_names
+from profkit.export.source import FrameSource, RankSource, RankSummary, first_starts_frame, summarize_rank
+from profkit.export.steps import choose_marker
 from profkit.export.steps import rank_steps as rank_steps_of
 from profkit.export.window import StepWindow, TimeWindow, overlapping, select_steps, with_launched_gpu_work
 
@@ -84,23 +90,100 @@ def merge_capture(
     align: AlignOption = AUTO,
     progress: Callable[[str], None] | None = None,
 ) -> MergeResult:
-    """Write ``capture`` (a ``profkit.load`` result) as one trace at ``out_path``."""
+    """Write ``capture`` (a ``profkit.load`` result) as one trace at ``out_path``.
+
+    The alignment is estimated over all of ``capture.events`` (they are in memory anyway) and
+    applied rank by rank; the writing is ``merge_ranks``'s over an in-memory source.
+    """
+    _check_options(fmt, steps, time)
+    notes: list[str] = []
+    events, align_rank, table = capture.events, None, None
+    if align == AUTO:
+        align_rank, table = _auto_alignment(events, notes)
+    elif align is None:
+        notes.append(NOT_ALIGNED.format(why="alignment was switched off"))
+    elif callable(align):  # an Aligner over the whole table: the caller's errors are theirs to see
+        events, table = align(events)
+        if table is not None:
+            notes.extend(f"alignment: {w}" for w in table.attrs.get("warnings", []))
+    else:
+        raise TypeError(f"align must be a callable, {AUTO!r} or None, not {align!r}")
+    source = FrameSource(events, capture.meta, capture.parts)
+    return _merge(source, out_path, fmt, steps, time, step_pattern, table, align_rank, notes, progress)
+
+
+def merge_ranks(
+    source: RankSource,
+    out_path: str | Path,
+    *,
+    fmt: str = "perfetto",
+    steps: StepWindow | None = None,
+    time: TimeWindow | None = None,
+    step_pattern: str | None = None,
+    alignment=None,
+    progress: Callable[[str], None] | None = None,
+) -> MergeResult:
+    """Write every rank of ``source`` (see ``profkit.export.source``) as one trace at ``out_path``,
+    holding one rank's events at a time, so a DEP256 trace is written without holding it.
+
+    ``alignment``: a ``profkit.align.Alignment`` (or its per-rank table) estimated beforehand,
+    applied to each rank's events with ``profkit.align.apply_alignment``; None merges the ranks on
+    their own clocks (and says so in the notes).
+    """
+    _check_options(fmt, steps, time)
+    notes: list[str] = []
+    if alignment is None:
+        notes.append(NOT_ALIGNED.format(why="no alignment was given"))
+        return _merge(source, out_path, fmt, steps, time, step_pattern, None, None, notes, progress)
+    from profkit.align import Alignment, apply_alignment
+
+    if isinstance(alignment, Alignment):
+        table = alignment.ranks.copy()
+        table.attrs["warnings"] = list(alignment.warnings)
+    else:
+        table = alignment
+    notes.extend(f"alignment: {w}" for w in table.attrs.get("warnings", []))
+    return _merge(
+        source, out_path, fmt, steps, time, step_pattern, table, lambda frame: apply_alignment(frame, alignment), notes, progress,
+    )
+
+
+NOT_ALIGNED = "clocks not aligned ({why}): each rank is on its own clock; cross-rank gaps may be off by clock offsets"
+RankAligner = Callable[[pd.DataFrame], pd.DataFrame]  # one rank's events -> the same rows on the common clock
+
+
+def _check_options(fmt: str, steps: StepWindow | None, time: TimeWindow | None) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if steps is not None and time is not None:
         raise ValueError("give a step window or a time window, not both")
-    notes: list[str] = []
-    events, alignment = _aligned(capture.events, align, notes)
-    ranks = sorted(int(r) for r in pd.unique(events["rank"].dropna())) if len(events) else []
-    positions = events.groupby("rank", sort=True).indices if len(events) else {}
-    names = {rank: span_names(_rows(events, positions[rank])) for rank in ranks}
+
+
+def _merge(
+    source: RankSource,
+    out_path: str | Path,
+    fmt: str,
+    steps: StepWindow | None,
+    time: TimeWindow | None,
+    step_pattern: str | None,
+    alignment: pd.DataFrame | None,
+    align_rank: RankAligner | None,
+    notes: list[str],
+    progress: Callable[[str], None] | None,
+) -> MergeResult:
+    """The streaming merge: a first pass over small per-rank summaries, then one rank at a time."""
+    summaries = [_summary(source, int(rank)) for rank in sorted(int(r) for r in source.ranks)]
+    summaries = [s for s in summaries if s.n_events]
+    ranks = [s.rank for s in summaries]
+    names = {s.rank: set(s.span_names) for s in summaries}
     marker = choose_marker(names.values(), step_pattern)
     if steps is not None and marker is None:
         notes.append("no step markers found on any rank: --steps selects nothing (try --step-pattern)")
-    identities = _identities(capture, events, ranks)
+    identities = {s.rank: rank_identity(s.rank, source.meta.get(s.rank, []), s.host_pid_counts) for s in summaries}
     pids = display_pids(identities)
-    trace_start_ns = int(events["start_ns"].min()) if len(events) else 0
+    trace_start_ns = _trace_start_ns(summaries, align_rank)
     time_bounds = time.resolve(trace_start_ns) if time is not None else (None, None)
+    parts = getattr(source, "parts", None)
 
     out = Path(out_path)
     partial = out.with_name(out.name + ".partial")
@@ -111,29 +194,15 @@ def merge_capture(
     written: list[int] = []
     try:
         for rank in ranks:
-            rank_events = _rows(events, positions[rank])
-            rank_steps = rank_steps_of(rank_events, names[rank], marker)
-            selected = _select(rank, rank_events, rank_steps, steps, time_bounds, notes)
-            if selected is None:
-                continue
-            rank_events, rank_steps = selected
-            rt = build_rank_trace(
-                rank, rank_events, rank_steps, identities[rank], pids[rank], totals["flows"] + 1,
-                _description(rank, capture, alignment),
+            counts = _write_rank(
+                writer, source, rank, align_rank, names[rank], marker, steps, time_bounds, identities[rank], pids[rank],
+                totals["flows"] + 1, _description(rank, parts, alignment), notes, progress,
             )
-            writer.write_rank(rt)
+            if counts is None:
+                continue
             written.append(rank)
-            n_flows = rt.n_flows
-            totals["events"] += len(rank_events)
-            totals["steps"] += len(rank_steps)
-            totals["flows"] += n_flows
-            totals["overlap"] += len(rt.overlap_tracks)
-            for track in rt.overlap_tracks:
-                n = int((rt.track_of_item == track.index).sum())
-                notes.append(f"rank {rank}: {n} events crossed others on their track; drawn on '{track.name}'")
-            if progress:
-                progress(f"rank {rank}: {len(rank_events):,} events, {len(rank_steps)} steps, {n_flows:,} flows")
-            del rt, rank_events
+            for key, n in zip(("events", "steps", "flows", "overlap"), counts):
+                totals[key] += n
     except BaseException:
         writer.close()
         partial.unlink(missing_ok=True)
@@ -147,41 +216,81 @@ def merge_capture(
     )
 
 
-def _rows(events: pd.DataFrame, positions) -> pd.DataFrame:
-    """One rank's rows: a slice (no copy) when contiguous, as the loader builds them."""
-    if len(positions) and positions[-1] - positions[0] + 1 == len(positions):
-        return events.iloc[int(positions[0]):int(positions[-1]) + 1]
-    return events.iloc[positions]
+def _summary(source: RankSource, rank: int) -> RankSummary:
+    """The source's cheap summary, else one from the rank's events (a second read of the rank)."""
+    summary = getattr(source, "summary", None)
+    return summary(rank) if summary is not None else summarize_rank(rank, source.events(rank))
 
 
-def _aligned(events: pd.DataFrame, align: AlignOption, notes: list[str]):
-    aligner = profkit_aligner() if align == AUTO else align
-    if aligner is None:
-        why = "profkit.align is not available" if align == AUTO else "alignment was switched off"
-        notes.append(f"clocks not aligned ({why}): each rank is on its own clock; cross-rank gaps may be off by clock offsets")
-        return events, None
-    if not callable(aligner):
-        raise TypeError(f"align must be a callable, {AUTO!r} or None, not {aligner!r}")
-    if align != AUTO:
-        aligned, table = aligner(events)  # the caller chose this aligner: its errors are theirs to see
-    else:
-        try:
-            aligned, table = aligner(events)
-        except Exception as exc:  # noqa: BLE001 - a merge still helps; the note says it is unaligned
-            notes.append(f"clocks not aligned (profkit.align failed: {type(exc).__name__}: {exc}): each rank is on its own clock")
-            return events, None
-    if table is not None:
-        notes.extend(f"alignment: {w}" for w in table.attrs.get("warnings", []))
-    return aligned, table
+def _trace_start_ns(summaries: list[RankSummary], align_rank: RankAligner | None) -> int:
+    """Earliest event of the capture on the merged clock, from each (rank, source)'s earliest."""
+    firsts = first_starts_frame(summaries)
+    if firsts.empty:
+        return 0
+    if align_rank is not None:
+        firsts = align_rank(firsts)
+    return int(firsts["start_ns"].min())
 
 
-def _identities(capture, events: pd.DataFrame, ranks: list[int]) -> dict[int, RankIdentity]:
-    host = events["stream"].isna().to_numpy(dtype=bool) & events["pid"].notna().to_numpy(dtype=bool)
-    pairs = pd.DataFrame({"rank": events["rank"].to_numpy(np.int64)[host], "pid": events["pid"].to_numpy(np.int64, na_value=-1)[host]})
-    counts: dict[int, dict[int, int]] = {}
-    for (rank, pid), n in pairs.value_counts().items():
-        counts.setdefault(int(rank), {})[int(pid)] = int(n)
-    return {rank: rank_identity(rank, capture.meta.get(rank, []), counts.get(rank, {})) for rank in ranks}
+def _write_rank(
+    writer, source: RankSource, rank: int, align_rank: RankAligner | None, names: set[str], marker,
+    step_window: StepWindow | None, time_bounds, identity: RankIdentity, pid: int, flow_id_base: int,
+    description: str, notes: list[str], progress: Callable[[str], None] | None,
+) -> tuple[int, int, int, int] | None:
+    """Read, align, window, lay out and write one rank: (events, steps, flows, overlap tracks).
+
+    A function of its own so that every frame of the rank is released when it returns, before
+    the next rank is read.
+    """
+    events = source.events(rank)
+    if align_rank is not None:
+        events = align_rank(events)
+    steps = rank_steps_of(events, names, marker)
+    selected = _select(rank, events, steps, step_window, time_bounds, notes)
+    del events, steps
+    if selected is None:
+        return None
+    events, steps = selected
+    del selected
+    rt = build_rank_trace(rank, events, steps, identity, pid, flow_id_base, description)
+    writer.write_rank(rt)
+    for track in rt.overlap_tracks:
+        n = int((rt.track_of_item == track.index).sum())
+        notes.append(f"rank {rank}: {n} events crossed others on their track; drawn on '{track.name}'")
+    if progress:
+        progress(f"rank {rank}: {len(events):,} events, {len(steps)} steps, {rt.n_flows:,} flows")
+    return len(events), len(steps), rt.n_flows, len(rt.overlap_tracks)
+
+
+def _auto_alignment(events: pd.DataFrame, notes: list[str]) -> tuple[RankAligner | None, pd.DataFrame | None]:
+    """``profkit.align`` estimated over all events, as a per-rank aligner plus its rank table.
+
+    Prefers ``estimate`` (per-source offsets within a rank, then per-rank clocks) over
+    ``estimate_alignment`` (per-rank table only). A merge still helps without alignment: when the
+    package is missing or fails, the note says the ranks are on their own clocks.
+    """
+    try:
+        align_pkg = importlib.import_module("profkit.align")
+        apply_alignment = align_pkg.apply_alignment
+    except (ImportError, AttributeError):
+        align_pkg = apply_alignment = None
+    estimate = getattr(align_pkg, "estimate", None)
+    estimate_alignment = getattr(align_pkg, "estimate_alignment", None)
+    if apply_alignment is None or (estimate is None and estimate_alignment is None):
+        notes.append(NOT_ALIGNED.format(why="profkit.align is not available"))
+        return None, None
+    try:
+        if estimate is not None:
+            result = estimate(events)
+            table = result.ranks.copy()
+            table.attrs["warnings"] = list(getattr(result, "warnings", []))
+        else:
+            result = table = estimate_alignment(events)
+    except Exception as exc:  # noqa: BLE001 - a merge still helps; the note says it is unaligned
+        notes.append(f"clocks not aligned (profkit.align failed: {type(exc).__name__}: {exc}): each rank is on its own clock")
+        return None, None
+    notes.extend(f"alignment: {w}" for w in table.attrs.get("warnings", []))
+    return (lambda frame: apply_alignment(frame, result)), table
 
 
 def _select(rank, events, steps, step_window, time_bounds, notes):
@@ -215,7 +324,7 @@ def _fact(value) -> str:
     return str(value)
 
 
-def _description(rank: int, capture, alignment: pd.DataFrame | None) -> str:
+def _description(rank: int, parts: pd.DataFrame | None, alignment: pd.DataFrame | None) -> str:
     lines = []
     if alignment is not None and len(alignment) and "rank" in alignment.columns:
         rows = alignment[alignment["rank"] == rank]
@@ -225,9 +334,8 @@ def _description(rank: int, capture, alignment: pd.DataFrame | None) -> str:
             lines.append("clock alignment: " + ", ".join(facts))
     elif alignment is None:
         lines.append("clock alignment: none (rank on its own clock)")
-    parts = capture.parts[capture.parts["rank"] == rank] if len(capture.parts) else capture.parts
-    for _, part in parts.iterrows():
-        key = f" [{part['key']}]" if part.get("key") else ""
-        lines.append(f"input: {part['path']}{key} ({part['source']})")
+    if parts is not None and len(parts):
+        for _, part in parts[parts["rank"] == rank].iterrows():
+            key = f" [{part['key']}]" if part.get("key") else ""
+            lines.append(f"input: {part['path']}{key} ({part['source']})")
     return "\n".join(lines)
-

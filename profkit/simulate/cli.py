@@ -29,6 +29,15 @@ def build_parser(prog: str = "profkit simulate") -> argparse.ArgumentParser:
     p.add_argument("--ranks-per-host", type=int, default=8, choices=(1, 2, 4, 8), help="GPUs per host (default 8)")
     p.add_argument("--offset-ms", type=float, default=5.0, help="max |clock offset| per host in ms (default 5)")
     p.add_argument("--drift-ppm", type=float, default=30.0, help="max |clock drift| per host in ppm (default 30)")
+    p.add_argument("--replay", choices=("mirror", "lag"),
+                   help="replay one seeded request set (prefill + decode tokens per rank and step) instead of "
+                        "Poisson decode batches: mirror = every rank an identical copy (balanced), lag = the same "
+                        "copies through a round-robin DP balancer; truth.json's replay.cost_ns is the known "
+                        "DP-imbalance cost")
+    p.add_argument("--replay-seed", type=int, default=0, metavar="K",
+                   help="seed of the replayed request set (independent of --seed; default 0)")
+    p.add_argument("--token-us", type=float, default=4.0, metavar="US",
+                   help="replay: host time per token of a rank's own batch, before the DP all-reduce (default 4)")
     p.add_argument("--workers", type=int, default=0, help="writer processes (default: CPU count)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
     return p
@@ -44,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             args.ranks, args.steps, args.seed, args.out, fmt=args.format, injects=injects,
             layers=args.layers, ranks_per_host=args.ranks_per_host, offset_ms_max=args.offset_ms,
             drift_ppm_max=args.drift_ppm, workers=args.workers,
+            **({"replay": args.replay, "replay_seed": args.replay_seed,
+                "token_ns": int(round(args.token_us * 1e3))} if args.replay else {}),
         )
     except SimConfigError as exc:
         print(f"profkit simulate: error: {exc}", file=sys.stderr)
@@ -54,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             f"wrote {args.ranks} {args.format} traces x {args.steps} steps to {args.out} in {truth.wall_s:.2f} s "
             f"(causes: {causes}; truth: {args.out / 'truth.json'})"
         )
+        rep = truth.extra.get("replay")
+        if rep is not None:
+            bal = [b for b in rep["balancedness"] if b is not None]
+            print(f"replay {rep['mode']} (seed {rep['seed']}): {rep['tokens_served']} tokens served, DP balancedness "
+                  f"mean {sum(bal) / max(len(bal), 1):.3f}; known DP-imbalance cost vs the mirror replay "
+                  f"{rep['cost_ns_mean'] / 1e6:+.3f} ms per step (replay.cost_ns in truth.json)")
     return 0
 
 

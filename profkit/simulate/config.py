@@ -119,6 +119,9 @@ class SimConfig:
     group_size: int = 8  # ranks computed and written together in the second pass
     workers: int = 0  # processes for writing; 0 = min(cpu count, groups)
     chunk_steps: int = 0  # steps per chunk; 0 = automatic (bounded memory)
+    replay: str = ""  # "" (Poisson decode batches), "mirror" or "lag": replay one request set (replay.py)
+    replay_seed: int = 0  # the replayed request set's seed (independent of seed)
+    token_ns: int = 4_000  # replay: host time per token of the rank's own batch, before the DP all-reduce
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -132,6 +135,10 @@ class SimConfig:
             raise SimConfigError(f"layers must be >= 1, got {self.layers}")
         if self.ranks_per_host not in (1, 2, 4, 8):
             raise SimConfigError(f"ranks_per_host must be 1, 2, 4 or 8, got {self.ranks_per_host}")
+        if self.replay not in ("", "mirror", "lag"):
+            raise SimConfigError(f"replay must be mirror or lag, got {self.replay!r}")
+        if self.token_ns < 0:
+            raise SimConfigError(f"token time must be >= 0, got {self.token_ns} ns")
         for inj in self.injects:
             if inj.rank >= self.ranks:
                 raise SimConfigError(f"inject {inj.kind}: rank {inj.rank} >= ranks {self.ranks}")

@@ -35,9 +35,9 @@ HIDDEN = 7168  # hidden size used for message sizes (DeepSeek-V3-like)
 NSYS_HW_ID = 1  # nsys globalPid high byte as in real single-node exports (1 << 56)
 
 
-def step_annotation(batch: int) -> str:
-    """vLLM's per-step annotation for a pure decode step."""
-    return f"execute_context_0(0)_generation_{batch}({batch})"
+def step_annotation(batch: int, n_prefill: int = 0, prefill_tokens: int = 0) -> str:
+    """vLLM's per-step annotation: ``batch`` decodes (one token each), plus prefills in a replay."""
+    return f"execute_context_{n_prefill}({prefill_tokens})_generation_{batch}({batch})"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from profkit.simulate import identity as ident_mod
 from profkit.simulate.config import SimConfig
-from profkit.simulate.identity import SPAN_NAMES, RankIdentity, step_annotation
+from profkit.simulate.identity import SPAN_NAMES, RankIdentity
 from profkit.simulate.model import NCCL_ANN_INSET_NS, ChunkResult
 from profkit.simulate.program import COMM_STREAM, COMPUTE_STREAM, MEMCPY_D2H, MEMCPY_H2D, TINY, OpSpec, Program
 
@@ -240,7 +240,7 @@ class KinetoRankWriter:
                 out.append(span % (ua, _q(SPAN_NAMES["gc"]), bq[x], br[x], dq[x], dr[x], int(ext0[j]) + 2,
                                    ',"generation":2'))
         add(ua, _q(SPAN_NAMES["em"]), sp["em_b"], sp["em_e"], 3)
-        ann_names = [_q(step_annotation(int(b))) for b in res.batch[gi]]
+        ann_names = [_q(a) for a in res.annotations(gi)]
         add(ua, ann_names, sp["ann_b"], sp["ann_e"], 4)
         add(ua, _q(SPAN_NAMES["prep"]), sp["prep_b"], sp["prep_e"], 5)
         add(ua, _q(SPAN_NAMES["dp"]), sp["dp_b"], sp["dp_e"], 6)
@@ -250,7 +250,7 @@ class KinetoRankWriter:
         add(ua, _q(SPAN_NAMES["upd"]), sp["upd_b"], sp["upd_e"], 9)
 
         # all-to-all host ops: record_param_comms (cpu_op) > nccl:all_to_all (user_annotation)
-        nel = (res.batch[gi] * ident_mod.HIDDEN).tolist()
+        nel = (res.tokens[gi] * ident_mod.HIDDEN).tolist()
         seq = ident_mod.EP_SEQ_BASE + steps[:, None] * c + np.arange(c)[None, :]
         coll_extra = [[self.coll_args % (nel[j], nel[j], int(seq[j, x])) for x in range(c)] for j in range(n)]
         for x in range(c):

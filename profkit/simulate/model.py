@@ -19,8 +19,10 @@ from typing import Iterator
 
 import numpy as np
 
+from profkit.simulate import replay as replay_mod
 from profkit.simulate import stats
 from profkit.simulate.config import SimConfig
+from profkit.simulate.identity import step_annotation
 from profkit.simulate.program import COLL, Program, build_program
 
 # fixed host costs (ns): small enough not to matter, present so spans nest strictly
@@ -60,6 +62,10 @@ class Coupling:
     dp_end_ns: np.ndarray  # (S,)
     coll_end_ns: np.ndarray  # (S, C)
     complete: bool = False
+    # replay only, per step: how much later the DP all-reduce ended than in the mirror replay of the
+    # same seeds (every rank at the mirror's tokens), and than with every rank at the step's mean tokens
+    dp_cost_vs_mirror_ns: np.ndarray | None = None  # (S,)
+    dp_imbalance_ns: np.ndarray | None = None  # (S,)
 
 
 @dataclass
@@ -101,12 +107,26 @@ class ChunkResult:
     le: np.ndarray  # (G, n, K) launch call end
     gs: np.ndarray  # (G, n, K) GPU start
     ge: np.ndarray  # (G, n, K) GPU end
-    batch: np.ndarray  # (G, n) decode requests this step
+    batch: np.ndarray  # (G, n) decode requests this step (one token each)
     delay_ns: dict[str, np.ndarray]  # kind -> (G, n) injected ns actually applied
     loads: np.ndarray  # (G, n, L) tokens routed to the rank's experts per layer
     comm_b: np.ndarray  # (G, n, C) record_param_comms start of each all-to-all
     comm_e: np.ndarray  # (G, n, C) record_param_comms end
     tiny: dict[tuple[int, int], tuple[np.ndarray, ...]] = field(default_factory=dict)  # (g, j) -> ls, le, gs, ge
+    n_prefill: np.ndarray | None = None  # (G, n) replay only: prefill requests and their tokens
+    prefill_tokens: np.ndarray | None = None
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(G, n) tokens each rank ran per step."""
+        return self.batch if self.prefill_tokens is None else self.batch + self.prefill_tokens
+
+    def annotations(self, gi: int) -> list[str]:
+        """vLLM's step annotation per step of group member ``gi``."""
+        if self.n_prefill is None or self.prefill_tokens is None:
+            return [step_annotation(int(b)) for b in self.batch[gi]]
+        return [step_annotation(int(b), int(p), int(t))
+                for b, p, t in zip(self.batch[gi], self.n_prefill[gi], self.prefill_tokens[gi])]
 
 
 def chunk_steps(cfg: SimConfig) -> int:
@@ -153,6 +173,13 @@ class Timeline:
         self.base_gap = base_gap.astype(np.float64) * cfg.cpu_scale
         self.chunk = chunk_steps(cfg)
         self.hosts_one = cfg.hosts == 1
+        # replay: the rank's own tokens cost token_ns each on the host before the DP all-reduce
+        self.replay = replay_mod.build(cfg.replay, cfg.ranks, cfg.steps, cfg.replay_seed) if cfg.replay else None
+        if self.replay is not None:
+            self.tok_ns = self.replay.tokens * np.int64(cfg.token_ns)  # (N, S)
+            self.mirror_tok_ns = self.replay.mirror_tokens * np.int64(cfg.token_ns)  # (S,)
+            # the step's mean over ranks, in ns: float (a mean of integers), rounded once
+            self.mean_tok_ns = self.replay.tokens.mean(axis=0) * float(cfg.token_ns)
 
     # ---- shared draws ---------------------------------------------------------------------------
     def new_coupling(self) -> Coupling:
@@ -165,7 +192,11 @@ class Timeline:
         scale = 1.0 + 0.05 * np.log2(max(cfg.ranks, 2))
         xfer[:, 0::2] = np.rint(stats.DISPATCH_US.ns(z[:, 0::2]) * scale)
         xfer[:, 1::2] = np.rint(stats.COMBINE_US.ns(z[:, 1::2]) * scale)
-        return Coupling(gloo, xfer, np.zeros(cfg.steps, np.int64), np.zeros((cfg.steps, c), np.int64))
+        coupling = Coupling(gloo, xfer, np.zeros(cfg.steps, np.int64), np.zeros((cfg.steps, c), np.int64))
+        if self.replay is not None:
+            coupling.dp_cost_vs_mirror_ns = np.zeros(cfg.steps, np.int64)
+            coupling.dp_imbalance_ns = np.zeros(cfg.steps, np.int64)
+        return coupling
 
     # ---- per-rank draws (must be identical in both passes) ----------------------------------
     def _rank_rngs(self, ranks: np.ndarray) -> list[np.random.Generator]:
@@ -254,6 +285,11 @@ class Timeline:
         hot_delay = (new_exp - base_exp).sum(-1)
         loads = np.rint(mean_tokens * load_scale * hot[..., None]).astype(np.int64)
 
+        tok_ns = self.tok_ns[sl] if self.replay is not None else None
+        batch, n_prefill, prefill_tokens = d["batch"], None, None
+        if self.replay is not None:
+            batch = self.replay.n_decode[sl]
+            n_prefill, prefill_tokens = self.replay.n_prefill[sl], self.replay.prefill_tokens[sl]
         sched_extra = np.rint(inj.ms["slow_schedule"][sl] * 1e6).astype(np.int64)
         gc_ns = np.rint(inj.ms["gc"][sl] * 1e6).astype(np.int64)
         hs_ns = np.rint(inj.ms["host_sync"][sl] * 1e6).astype(np.int64)
@@ -297,11 +333,17 @@ class Timeline:
             gs[:, j, 0] = np.maximum(ls[:, j, 0] + lat[:, j, 0], gpu)
             ge[:, j, 0] = gpu = gs[:, j, 0] + dur[:, j, 0]
             c = np.maximum(c + prep[:, j], le[:, j, 0] + 1_000)
+            if tok_ns is not None:  # the rank's own batch: token-proportional host work
+                c = c + tok_ns[:, j]
             sp["prep_e"][:, j] = c
             # DP padding all-reduce over Gloo: ends for all when the last rank arrives
             sp["dp_b"][:, j] = c = c + DP_PRE_NS
             if computing:
                 coupling.dp_end_ns[s] = c.max() + coupling.gloo_ns[s]
+                if tok_ns is not None:  # the same arrivals with every rank at other token counts
+                    own = c - tok_ns[:, j]
+                    coupling.dp_cost_vs_mirror_ns[s] = c.max() - (own + self.mirror_tok_ns[s]).max()
+                    coupling.dp_imbalance_ns[s] = c.max() - int(np.rint((own + self.mean_tok_ns[s]).max()))
             elif (c > coupling.dp_end_ns[s] - coupling.gloo_ns[s]).any():
                 raise AssertionError(f"step {s}: rank arrival after the coupled DP all-reduce end")
             sp["dp_e"][:, j] = coupling.dp_end_ns[s]
@@ -363,9 +405,9 @@ class Timeline:
 
         res = ChunkResult(
             ranks=ranks, step0=step0, n=n, spans=sp, ls=ls, le=le, gs=gs, ge=ge,
-            batch=d["batch"], delay_ns=delay, loads=loads,
+            batch=batch, delay_ns=delay, loads=loads,
             comm_b=ls[..., coll_idx] - pre[..., coll_idx], comm_e=le[..., coll_idx] + post[..., coll_idx],
-            tiny=tiny,
+            tiny=tiny, n_prefill=n_prefill, prefill_tokens=prefill_tokens,
         )
         return res, c_next, gpu
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from profkit.simulate import identity as ident_mod
 from profkit.simulate.config import SimConfig
-from profkit.simulate.identity import SPAN_NAMES, RankIdentity, step_annotation
+from profkit.simulate.identity import SPAN_NAMES, RankIdentity
 from profkit.simulate.model import NCCL_ANN_INSET_NS, ChunkResult
 from profkit.simulate.program import COMM_STREAM, COMPUTE_STREAM, MEMCPY_D2H, MEMCPY_H2D, TINY, Program
 
@@ -202,12 +202,12 @@ class NsysRankWriter:
         spans("sched", SPAN_NAMES["sched"])
         spans("gc", SPAN_NAMES["gc"])
         spans("em", SPAN_NAMES["em"])
-        spans("ann", [step_annotation(int(b)) for b in res.batch[gi]])
+        spans("ann", res.annotations(gi))
         spans("prep", SPAN_NAMES["prep"])
         spans("dp", SPAN_NAMES["dp"])
         spans("st", SPAN_NAMES["st"])
         spans("upd", SPAN_NAMES["upd"])
-        nbytes = (res.batch[gi] * ident_mod.HIDDEN * 2).tolist()
+        nbytes = (res.tokens[gi] * ident_mod.HIDDEN * 2).tolist()
         for x in range(c):
             for j in range(n):
                 seq = ident_mod.EP_SEQ_BASE + int(steps[j]) * c + x

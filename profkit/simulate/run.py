@@ -23,7 +23,9 @@ from profkit.simulate.config import INJECT_KINDS, Inject, SimConfig
 from profkit.simulate.identity import SPAN_NAMES, RankIdentity, identities
 from profkit.simulate.kineto import KinetoRankWriter
 from profkit.simulate.kineto import file_name as kineto_file
+from profkit.simulate import replay as replay_mod
 from profkit.simulate.model import ChunkResult, Coupling, Timeline
+from profkit.simulate.replay import ReplayTokens
 from profkit.simulate.nsys import NsysRankWriter
 from profkit.simulate.nsys import file_name as nsys_file
 from profkit.simulate.truth import Truth
@@ -71,7 +73,7 @@ def simulate(
                 futures = [pool.submit(_write_group, cfg, grp, coupling, who, out, None, None) for grp in groups]
                 for fut in futures:
                     fut.result()
-    truth = acc.finish(coupling, who, out)
+    truth = acc.finish(coupling, who, out, timeline)
     truth.wall_s = round(time.perf_counter() - wall0, 3)
     truth.write(out / "truth.json")
     return truth
@@ -121,7 +123,7 @@ class _TruthAccumulator:
         self.step_b[s0:s0 + n] = res.spans["step_b"].min(axis=0)
         self.step_e[s0:s0 + n] = res.spans["step_e"].max(axis=0)
 
-    def finish(self, coupling: Coupling, who: list[RankIdentity], out: Path) -> Truth:
+    def finish(self, coupling: Coupling, who: list[RankIdentity], out: Path, timeline: Timeline) -> Truth:
         cfg = self.cfg
         self.rows.sort(key=lambda r: (r[0], r[1], r[2]))
         causes = []
@@ -146,6 +148,10 @@ class _TruthAccumulator:
             "cpu_scale": cfg.cpu_scale, "start_epoch_ns": cfg.start_epoch_ns,
             "injects": [inj.to_json() for inj in cfg.injects],
         }
+        extra = {}
+        if timeline.replay is not None:
+            params.update(replay=cfg.replay, replay_seed=cfg.replay_seed, token_ns=cfg.token_ns)
+            extra["replay"] = replay_truth(cfg, timeline.replay, coupling)
         return Truth(
             params=params,
             convention=CONVENTION,
@@ -171,4 +177,38 @@ class _TruthAccumulator:
             span_names=dict(SPAN_NAMES),
             files=[file_of(r) for r in range(cfg.ranks)],
             expert_loads_file=EXPERT_LOADS_FILE,
+            extra=extra,
         )
+
+
+def replay_truth(cfg: SimConfig, rep: ReplayTokens, coupling: Coupling) -> dict:
+    """truth.json's ``replay``: what was replayed and the DP-imbalance cost it carries (see truth.py)."""
+    tokens = rep.tokens  # (N, S)
+    mean, mx = tokens.mean(axis=0), tokens.max(axis=0)
+    cost = coupling.dp_cost_vs_mirror_ns
+    imbalance = coupling.dp_imbalance_ns
+    assert cost is not None and imbalance is not None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        balancedness = np.where(mx > 0, mean / np.maximum(mx, 1), np.nan)
+    return {
+        "mode": rep.mode, "seed": cfg.replay_seed, "token_ns": cfg.token_ns,
+        "balancer": replay_mod.BALANCER if rep.mode == "lag" else "copy r -> rank r",
+        "lag_steps": replay_mod.LAG_STEPS if rep.mode == "lag" else 0,
+        "rate_per_step": replay_mod.RATE, "warmup_steps": replay_mod.WARMUP,
+        "prompt": {"median": replay_mod.PROMPT_MEDIAN, "sigma": replay_mod.PROMPT_SIGMA,
+                   "range": list(replay_mod.PROMPT_RANGE)},
+        "output_range": list(replay_mod.OUTPUT_RANGE),
+        "base_requests": int(rep.requests[:, 0].max() + 1) if len(rep.requests) else 0,
+        "requests": {"columns": ["base", "copy", "rank", "arrival_step", "prompt_tokens", "output_tokens"],
+                     "rows": rep.requests},
+        "tokens": np.ascontiguousarray(tokens.T),  # [step][rank]
+        "mirror_tokens": rep.mirror_tokens,  # [step]: every rank, in the mirror replay
+        "tokens_served": int(tokens.sum()),
+        "mirror_tokens_served": int(rep.mirror_tokens.sum()) * cfg.ranks,
+        "balancedness": [None if not np.isfinite(b) else float(b) for b in balancedness],
+        "padding_tokens": int(np.rint((mx - mean).sum() * cfg.ranks)),
+        "cost_ns": cost,
+        "cost_ns_mean": float(cost.mean()),
+        "imbalance_ns": imbalance,
+        "imbalance_ns_mean": float(imbalance.mean()),
+    }

@@ -24,6 +24,19 @@
 - ``span_names``: the names of the host spans as written.
 - ``files``: per-rank trace files (relative to truth.json); ``expert_loads_file``.
 - ``wall_s``: seconds the simulation took (informational).
+- ``replay`` (only with ``--replay mirror|lag``; see replay.py): ``mode``, ``seed``, ``token_ns`` (host
+  time per token of a rank's own batch, before the DP all-reduce: what makes tokens cost time),
+  the request set (``requests``: one row per copy ``base, copy, rank, arrival_step, prompt_tokens,
+  output_tokens``), ``tokens[step][rank]``, ``mirror_tokens[step]`` (every rank's tokens in the
+  mirror replay of the same set), ``tokens_served``, ``balancedness[step]`` (mean / max),
+  ``padding_tokens`` (sum over steps and ranks of max - own tokens) and the known cost, per step:
+  ``cost_ns[step]``, how much later every rank's step ended than in the mirror replay with the same
+  ``seed`` and ``replay_seed`` (the DP all-reduce is where ranks meet; everything after it is the
+  same draws, so this is exactly the step-time change ``profkit compare MIRROR LAG`` should find;
+  0 for a mirror), and ``imbalance_ns[step]``, the same against every rank at the step's mean
+  tokens (the cost of (max - mean) tokens proper; equals ``cost_ns`` where the lag's copies
+  arrive in the mirror's steps, differs by the few tokens the lag shifts across the window's
+  edges). ``cost_ns_mean`` / ``imbalance_ns_mean``: their means over steps.
 """
 from __future__ import annotations
 
