@@ -17,7 +17,7 @@ from profkit.scale.store import frame_to_table, table_to_frame
 
 pytestmark = pytest.mark.xdist_group("multiprocess")  # process pools and Dask clusters: not beside each other
 
-TABLES = ("steps", "timelines", "ranks", "causes", "charged", "stragglers", "straggler_instances", "lateness")
+TABLES = ("steps", "timelines", "ranks", "causes", "cause_steps", "stragglers", "straggler_instances", "lateness")
 
 
 def _tables(a) -> dict[str, pd.DataFrame]:
@@ -66,7 +66,7 @@ def test_serial_pool_dask_and_in_memory_give_identical_tables(dep32, serial):
     workers = set(pool.run_stats["worker"])
     assert len(workers) == 2, workers
     per_stage = pool.run_stats.groupby("stage")["rank"].nunique()
-    assert per_stage["prepare"] == per_stage["rank"] == per_stage["phases"] == 32
+    assert per_stage["prepare"] == per_stage["rank"] == per_stage["finish"] == 32
     # and it found the injected causes (the accuracy suite checks how well; here: found at all)
     assert {5, 17} <= set(serial.straggler_ranks)
 
@@ -85,9 +85,9 @@ def test_a_dask_worker_killed_mid_run_is_retried(dep32, serial, tmp_path, monkey
 
 def test_a_dask_task_whose_workers_keep_dying_fails_naming_the_rank(dep32, monkeypatch):
     dask_config = pytest.importorskip("dask.config")
-    monkeypatch.setenv(KILL_ENV, "phases:11")  # every attempt dies
+    monkeypatch.setenv(KILL_ENV, "finish:11")  # every attempt dies
     with dask_config.set({"distributed.scheduler.allowed-failures": 1}):
-        with pytest.raises(ScaleError, match=r"rank 11: stage 'phases'"):
+        with pytest.raises(ScaleError, match=r"rank 11: stage 'finish'"):
             analyze_paths([dep32], executor="dask", dask_local=2)
 
 

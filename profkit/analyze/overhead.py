@@ -163,34 +163,65 @@ def rank_causes(charged: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     ``ranks`` = ranks where the cause was charged; the example is the largest single charged
     interval (rank, step, start_ns) to open in Perfetto. Extra columns: ``CAUSE_EXTRA_COLUMNS``.
     """
-    cols = CAUSE_COLUMNS + CAUSE_EXTRA_COLUMNS
+    return rank_causes_from_summaries([cause_summary(charged)], steps)
+
+
+def cause_summary(charged: pd.DataFrame) -> dict[str, pd.DataFrame | int]:
+    """What ``rank_causes`` needs from some charged rows (one rank's, on the scale path): per
+    cause its total, count and largest interval, category and rank counts. Small; merged by
+    ``rank_causes_from_summaries`` into the same table as over all rows at once."""
     if charged is None or not len(charged):
+        return {"n": 0}
+    g = charged.groupby("cause", sort=False)
+    top = charged.loc[g["dur_ns"].idxmax()]
+    per = pd.DataFrame({
+        "cause": top["cause"].to_numpy(dtype=object),
+        "total_ns": g["dur_ns"].sum().reindex(top["cause"]).to_numpy(np.int64),
+        "n_intervals": g.size().reindex(top["cause"]).to_numpy(np.int64),
+        "example_rank": top["rank"].to_numpy(np.int64), "example_step": top["step"].to_numpy(np.int64),
+        "example_start_ns": top["start_ns"].to_numpy(np.int64), "example_dur_ns": top["dur_ns"].to_numpy(np.int64),
+    })
+    cats = charged.groupby(["cause", "category"], sort=False).size().rename("n").reset_index()
+    ranks = charged[["cause", "rank"]].drop_duplicates()
+    return {"n": len(charged), "per": per, "categories": cats, "ranks": ranks,
+            "dur_ns": int(charged["dur_ns"].sum()), "pairs": int(charged[["rank", "step"]].drop_duplicates().shape[0])}
+
+
+def rank_causes_from_summaries(summaries: list[dict], steps: pd.DataFrame) -> pd.DataFrame:
+    """``rank_causes`` from ``cause_summary`` s of disjoint row sets, given in row order."""
+    cols = CAUSE_COLUMNS + CAUSE_EXTRA_COLUMNS
+    summaries = [s for s in summaries if s.get("n")]
+    if not summaries:
         return pd.DataFrame({c: pd.Series(dtype="object" if c in ("cause", "category", "ranks_list") else "int64")
                              for c in cols})
     if steps is not None and len(steps):
         n_pairs = len(steps)
         step_total = int((steps["end_ns"].astype("int64") - steps["start_ns"].astype("int64")).sum())
     else:
-        n_pairs = int(charged[["rank", "step"]].drop_duplicates().shape[0])
+        n_pairs = sum(s["pairs"] for s in summaries)
         step_total = 0
-    g = charged.groupby("cause", sort=False)
-    top = charged.loc[g["dur_ns"].idxmax()].set_index("cause")
-    out = pd.DataFrame(
-        {
-            "total_ns": g["dur_ns"].sum().astype("int64"),
-            "ranks": g["rank"].nunique().astype("int64"),
-            "n_intervals": g.size().astype("int64"),
-            "category": g["category"].agg(lambda s: s.mode().iat[0]),
-            "ranks_list": g["rank"].agg(lambda s: " ".join(str(r) for r in sorted(s.unique()))),
-        }
-    )
-    out["example_rank"] = top["rank"].astype("int64")
-    out["example_step"] = top["step"].astype("int64")
-    out["example_start_ns"] = top["start_ns"].astype("int64")
-    out["example_dur_ns"] = top["dur_ns"].astype("int64")
+    per = pd.concat([s["per"].assign(_part=i) for i, s in enumerate(summaries)], ignore_index=True)
+    g = per.groupby("cause", sort=False)
+    # the largest interval; on a tie the first in row order (the first part, then its first row)
+    best = per.sort_values(["example_dur_ns", "_part"], ascending=[False, True], kind="stable")
+    top = best.groupby("cause", sort=False).head(1).set_index("cause")
+    out = pd.DataFrame({"total_ns": g["total_ns"].sum().astype("int64"),
+                        "n_intervals": g["n_intervals"].sum().astype("int64")})
+    ranks = pd.concat([s["ranks"] for s in summaries], ignore_index=True).drop_duplicates()
+    rg = ranks.groupby("cause", sort=False)["rank"]
+    out["ranks"] = rg.nunique().reindex(out.index).astype("int64")
+    out["ranks_list"] = rg.agg(lambda r: " ".join(str(x) for x in sorted(r.unique()))).reindex(out.index)
+    cats = pd.concat([s["categories"] for s in summaries], ignore_index=True)
+    cats = cats.groupby(["cause", "category"], sort=False)["n"].sum().reset_index()
+    # the most frequent category (the smallest name on a tie, as Series.mode orders them)
+    cats = cats.sort_values(["cause", "n", "category"], ascending=[True, False, True], kind="stable")
+    out["category"] = cats.groupby("cause", sort=False)["category"].first().reindex(out.index)
+    for c in ("example_rank", "example_step", "example_start_ns", "example_dur_ns"):
+        out[c] = top[c].reindex(out.index).astype("int64")
     out["per_step_ns"] = (out["total_ns"] / max(n_pairs, 1)).round().astype("int64")
     out["step_share"] = out["total_ns"] / step_total if step_total > 0 else np.nan
-    out["share_of_charged"] = out["total_ns"] / max(int(charged["dur_ns"].sum()), 1)
+    out["share_of_charged"] = out["total_ns"] / max(sum(s["dur_ns"] for s in summaries), 1)
+    out.index.name = "cause"
     out = out.reset_index().sort_values(["total_ns", "cause"], ascending=[False, True], kind="stable")
     return out[cols].reset_index(drop=True)
 

@@ -25,7 +25,8 @@ class Analysis:
     step_marker: str | None
     causes: pd.DataFrame
     # one row per charged GPU-idle interval (rank, step, cause, dur_ns, ...)
-    charged: pd.DataFrame = field(default_factory=pd.DataFrame)
+    charged: pd.DataFrame | None = field(default_factory=pd.DataFrame)  # None: not held (scale path)
+    cause_steps: pd.DataFrame | None = None  # per (rank, step, cause): charged ns (``OUT/cause_steps.csv``)
     stragglers: pd.DataFrame | None = None  # per rank: STRAGGLER_COLUMNS first
     straggler_instances: pd.DataFrame | None = None  # per collective instance: skew, last arriver
     lateness: pd.DataFrame | None = None  # per (rank, step): lateness at sync points

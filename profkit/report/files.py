@@ -61,7 +61,8 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
     from profkit.analyze.compare import cause_step_table
 
     cause_steps_path = out / "cause_steps.csv"  # per (rank, step, cause): samples for compare's intervals
-    cause_step_table(analysis.charged).to_csv(cause_steps_path, index=False)
+    cause_steps = getattr(analysis, "cause_steps", None)
+    (cause_steps if cause_steps is not None else cause_step_table(analysis.charged)).to_csv(cause_steps_path, index=False)
     written = [summary_path, steps_path, causes_path, cause_steps_path]
     from profkit.analyze.stragglers import STRAGGLER_COLUMNS
 

@@ -149,16 +149,13 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
                         "(outside or at the edge of a profiler window)")
     timelines = _concat([r.timelines for r in rr], None)
     windows = _concat([r.windows for r in rr], None)
-    charged = _concat([r.charged for r in rr], None)
     extents = _concat([r.extents for r in rr], None)
     cands = [r.candidates for r in rr if len(r.candidates)]
     instances = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
     matched = match_instances(instances) if len(instances) else None
-    if charged is not None and matched is not None:
-        complete = instances[instances["complete"].astype(bool)]
-        charged = overhead.refine_waits(charged, overhead.arrivals_from_match(complete, matched))
-    if charged is None:
-        charged = overhead._empty_charged()
+    arrivals = None
+    if matched is not None:
+        arrivals = overhead.arrivals_from_match(instances[instances["complete"].astype(bool)], matched)
     if windows is None:
         windows = overhead.analysis_windows(schema.empty_frame(), steps)
     if timelines is None:
@@ -170,14 +167,20 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
 
         extents = trace_windows(schema.empty_frame())
     plan = plan_stragglers(instances, extents, steps, matched)
-    # map 3 + reduce: phase sums in the straggler windows, then the verdicts
-    phases = None
-    if plan.measured:
-        ph = ex.map(stages.phases_task, [(r, plan.windows(r), store) for r in ranks], labels)
-        stats += [p.stats for p in ph]
-        phases = WindowPhases.concat([p.phases for p in ph])
+    # map 3 + reduce: phase sums in the straggler windows and the causes, then the verdicts
+    by_rank = dict(iter(arrivals.groupby("rank", sort=False))) if arrivals is not None else {}
+    fin = ex.map(stages.finish_task,
+                 [(r, plan.windows(r) if plan.measured else None, by_rank.get(r), store, keep_aligned)
+                  for r in ranks], labels)
+    stats += [f.stats for f in fin]
+    phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
     per_rank, per_instance, lateness = finish_stragglers(plan, phases)
-    episodes = straggler_episodes(lateness, per_rank, cause_step_table(charged))
+    causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
+    cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
+    episodes = straggler_episodes(lateness, per_rank, cause_steps)
+    charged = None
+    if keep_aligned:
+        charged = _concat([store.get(stages.charged_key(r)) for r in ranks], overhead._empty_charged())
     for r in ranks:
         stages.drop_rank_tables(store, r)
     tokens = _concat([r.tokens for r in rr], None)
@@ -193,8 +196,9 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         timelines=timelines,
         ranks=rank_summary(timelines, steps),
         step_marker=marker,
-        causes=overhead.rank_causes(charged, windows),
+        causes=causes,
         charged=charged,
+        cause_steps=cause_steps,
         stragglers=per_rank,
         straggler_instances=per_instance,
         lateness=lateness,

@@ -3,11 +3,12 @@
     read_file_task (per file)  -> part descriptors; each part's table in the store
     prepare_task   (per rank)  -> clock facts (source offsets, collective candidates), step markers
     reduce: the alignment (``align.estimate_from_ranks``) and the step marker of all ranks
-    rank_task      (per rank)  -> steps, GPU timeline, charged intervals, aligned collective
-                                  candidates, extents, tokens; timeline pieces kept in the store
+    rank_task      (per rank)  -> steps, GPU timeline, aligned collective candidates, extents,
+                                  tokens; charged intervals and timeline pieces kept in the store
     reduce: collective instances, last arrivers, straggler windows (``stragglers.plan_stragglers``)
-    phases_task    (per rank)  -> time per phase in those windows
-    reduce: causes, stragglers, lateness, balance (``finish``)
+    finish_task    (per rank)  -> time per phase in those windows; charged waits named after the
+                                  last arriver, summarized per cause and per (step, cause)
+    reduce: causes, stragglers, lateness, balance
 
 Every task is a plain function of picklable arguments and a store, so the serial loop, a
 process pool and Dask run the same code on the same inputs: the tables are the same bit for bit.
@@ -185,8 +186,7 @@ class RankResult:
     steps: pd.DataFrame
     dropped_steps: int
     timelines: pd.DataFrame
-    charged: pd.DataFrame  # waits not yet named after the last arriver
-    windows: pd.DataFrame  # the windows charged (``overhead.analysis_windows``)
+    windows: pd.DataFrame  # the windows charged (``overhead.analysis_windows``); the charged rows stay in the store
     candidates: pd.DataFrame  # collective candidates on the common clock
     extents: pd.DataFrame  # ``straggler_arrivals.trace_windows``
     tokens: pd.DataFrame  # ``balance.step_tokens``
@@ -224,37 +224,58 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
         charged = overhead.attribute_gaps(events, windows)
     extents = trace_windows(events)
     host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents)
+    store.put(charged_key(rank), charged)  # waits not yet named after the last arriver
     store.put(f"host-pieces-{rank}", host_pieces)
     store.put(f"gpu-pieces-{rank}", gpu_pieces)
     if keep_aligned:
         store.put(aligned_key(rank), events)
     out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events),
-                     charged=charged, windows=windows, candidates=collective_candidates(events), extents=extents,
+                     windows=windows, candidates=collective_candidates(events), extents=extents,
                      tokens=step_tokens(steps, events), duplicates=duplicates, cut=int(cut.get(rank, 0)),
                      n_events=len(events))
     out.stats = _stats("rank", rank, t0, len(events))
     return out
 
 
-# ---- stage 3: per rank, phases in the straggler windows ---------------------------------------
+# ---- stage 3: per rank, phases in the straggler windows and the causes ----------------------
+def charged_key(rank: int) -> str:
+    return f"charged-{rank}"
+
+
 @dataclass
-class PhasesResult:
+class FinishResult:
     rank: int
-    phases: WindowPhases
+    phases: WindowPhases | None  # None: no straggler windows (no collective measured)
+    causes: dict  # ``overhead.cause_summary`` of its charged rows
+    cause_steps: pd.DataFrame  # ``compare.cause_step_table`` of them
     stats: TaskStats | None = None
 
 
-def phases_task(rank: int, windows: dict[str, pd.DataFrame], store) -> PhasesResult:
+def finish_task(rank: int, windows: dict[str, pd.DataFrame] | None, arrivals: pd.DataFrame | None, store,
+                keep_charged: bool = False) -> FinishResult:
+    """Time per phase in the rank's straggler windows; its charged waits named after the last
+    arriver (``arrivals``: the rank's rows of ``overhead.arrivals_from_match``), summarized."""
+    from profkit.analyze.compare import cause_step_table
+
     t0 = time.perf_counter()
-    _maybe_die("phases", rank)
-    host, gpu = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}")
-    out = PhasesResult(rank=rank, phases=rank_window_phases(windows, host, gpu))
-    out.stats = _stats("phases", rank, t0, len(host) + len(gpu))
+    _maybe_die("finish", rank)
+    phases, n = None, 0
+    if windows is not None:
+        host, gpu = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}")
+        phases, n = rank_window_phases(windows, host, gpu), len(host) + len(gpu)
+    charged = store.get(charged_key(rank))
+    if arrivals is not None and len(arrivals):
+        charged = overhead.refine_waits(charged, arrivals)
+    if keep_charged:
+        store.put(charged_key(rank), charged)
+    out = FinishResult(rank=rank, phases=phases, causes=overhead.cause_summary(charged),
+                       cause_steps=cause_step_table(charged))
+    out.stats = _stats("finish", rank, t0, n + len(charged))
     return out
 
 
 def drop_rank_tables(store, rank: int) -> None:
-    for key in (events_key(rank), f"host-pieces-{rank}", f"gpu-pieces-{rank}"):
+    for key in (events_key(rank), charged_key(rank), f"host-pieces-{rank}", f"gpu-pieces-{rank}"):
         store.drop(key)
 
 
