@@ -311,6 +311,9 @@ def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         category=("category", "first"), ns=("ns", "sum"))[PHASE_COLUMNS]
 
 
+MAX_BLOCK_ROWS = 500_000  # phase rows per block of windows: bounds the peak memory of DEP32 x 1000 steps
+
+
 def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
     """Per wanted (window, rank) and phase: the rank's time in it (``ns``), the median of the
     other participants' time in it (``peer_ns``, a participant without the phase counts 0) and
@@ -318,7 +321,9 @@ def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray |
 
     ``windows``: every participant's window (``window, rank``); ``rows``: boolean mask over it of
     the rows to explain (default: all). Vectorized: per (window, phase) the present values are
-    sorted once and the absent participants are zeros in front of them.
+    sorted once and the absent participants are zeros in front of them. Windows are independent,
+    so they are done in blocks of about ``MAX_BLOCK_ROWS`` phase rows (memory stays bounded at
+    DEP256), and the rows come out in the order of the wanted windows, then of the phases.
     """
     want = windows if rows is None else windows[rows]
     if not len(phases) or not len(want):
@@ -327,20 +332,36 @@ def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray |
     ph = phases[phases["window"].isin(want["window"].unique()) & (phases["ns"] > 0)]
     if not len(ph):
         return _empty(EXCESS_COLUMNS)
-    ph = ph.assign(_p=pd.factorize(ph["phase"])[0]).sort_values(["window", "_p", "ns"], kind="stable")
-    ph = ph.reset_index(drop=True)
+    ph = ph.assign(_p=pd.factorize(ph["phase"])[0])
+    want = pd.DataFrame({"window": want["window"].to_numpy(np.int64), "rank": want["rank"].to_numpy(np.int64),
+                         "_w": np.arange(len(want), dtype=np.int64)})
+    ids, counts = np.unique(ph["window"].to_numpy(np.int64), return_counts=True)
+    block_of = np.cumsum(counts) // MAX_BLOCK_ROWS
+    parts = []
+    for b in np.unique(block_of):
+        mine = ids[block_of == b]
+        parts.append(_excess_block(ph[ph["window"].isin(mine).to_numpy(bool)],
+                                   want[want["window"].isin(mine).to_numpy(bool)], n_of))
+    out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    out = out.sort_values(["_w", "_p"], kind="stable").reset_index(drop=True)
+    return out[EXCESS_COLUMNS]
+
+
+def _excess_block(ph: pd.DataFrame, want: pd.DataFrame, n_of: pd.Series) -> pd.DataFrame:
+    """``phase_excess`` of some whole windows (phase codes ``_p`` given; ``_w`` kept for the order)."""
+    ph = ph.sort_values(["window", "_p", "ns"], kind="stable").reset_index(drop=True)
     wv, pv = ph["window"].to_numpy(np.int64), ph["_p"].to_numpy(np.int64)
     new = np.r_[True, (wv[1:] != wv[:-1]) | (pv[1:] != pv[:-1])]
     first_of = np.flatnonzero(new)
     gid = np.cumsum(new) - 1
-    groups = pd.DataFrame({"gid": np.arange(first_of.size), "window": wv[first_of],
+    groups = pd.DataFrame({"gid": np.arange(first_of.size), "window": wv[first_of], "_p": pv[first_of],
                            "phase": ph["phase"].to_numpy(dtype=object)[first_of],
                            "category": ph["category"].to_numpy(dtype=object)[first_of],
                            "first": first_of, "k": np.diff(np.r_[first_of, len(ph)])})
     groups["n"] = groups["window"].map(n_of).to_numpy(np.int64)
     ph["gid"] = gid
     ph["pos"] = np.arange(len(ph)) - first_of[gid]
-    pairs = want[["window", "rank"]].merge(groups, on="window", how="inner")
+    pairs = want.merge(groups, on="window", how="inner")
     own = pairs[["gid", "rank"]].merge(ph[["gid", "rank", "ns", "pos"]], on=["gid", "rank"], how="left")
     n = pairs["n"].to_numpy(np.int64)
     z = n - pairs["k"].to_numpy(np.int64)  # participants without the phase: zeros, sorted first
@@ -361,7 +382,8 @@ def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray |
                         "category": pairs["category"].to_numpy(dtype=object),
                         "ns": own["ns"].fillna(0).to_numpy(np.int64), "peer_ns": peer.astype(np.int64)})
     out["excess_ns"] = out["ns"] - out["peer_ns"]
-    return out[EXCESS_COLUMNS]
+    out["_w"], out["_p"] = pairs["_w"].to_numpy(np.int64), pairs["_p"].to_numpy(np.int64)
+    return out
 
 
 def causes_only(excess: pd.DataFrame) -> pd.DataFrame:
