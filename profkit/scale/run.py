@@ -119,7 +119,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     for part_keys in keys.values():
         for k in part_keys:
             store.drop(k)
-    clocks = [p.clock for p in prep if p.n_events]
+    clocks = [p.clock for p in prep if p.clock is not None]
     alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if clocks else None
     warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
     chosen = choose_step_marker([p.markers for p in prep], step_pattern)

@@ -150,10 +150,14 @@ def events_key(rank: int) -> str:
     return f"events-{rank}"
 
 
+def candidates_key(rank: int) -> str:
+    return f"candidates-{rank}"
+
+
 @dataclass
 class PrepareResult:
     rank: int
-    clock: RankClockFacts
+    clock: RankClockFacts | None  # None: the rank has no events
     markers: dict[str, bool]
     n_events: int
     stats: TaskStats | None = None
@@ -169,8 +173,10 @@ def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | Non
         store.put(events_key(rank), events)  # the parts are dropped by the driver: a retried task reads them again
     else:
         events = store.get(events_key(rank))
-    out = PrepareResult(rank=rank, clock=prepare_rank(events), markers=step_marker_facts(events, step_pattern),
-                        n_events=len(events))
+    clock = prepare_rank(events) if len(events) else None
+    if clock is not None:
+        store.put(candidates_key(rank), clock.candidates)  # reused on the common clock by rank_task
+    out = PrepareResult(rank=rank, clock=clock, markers=step_marker_facts(events, step_pattern), n_events=len(events))
     out.stats = _stats("prepare", rank, t0, len(events))
     return out
 
@@ -222,6 +228,11 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     else:
         windows = overhead.analysis_windows(events, steps)
         charged = overhead.attribute_gaps(events, windows)
+    if alignment is not None and not duplicates and not cut:
+        # nothing was dropped: the collectives found before alignment, moved onto the common clock
+        candidates = apply_alignment(store.get(candidates_key(rank)), alignment)
+    else:
+        candidates = collective_candidates(events)
     extents = trace_windows(events)
     host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents)
     store.put(charged_key(rank), charged)  # waits not yet named after the last arriver
@@ -230,7 +241,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     if keep_aligned:
         store.put(aligned_key(rank), events)
     out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events),
-                     windows=windows, candidates=collective_candidates(events), extents=extents,
+                     windows=windows, candidates=candidates, extents=extents,
                      tokens=step_tokens(steps, events), duplicates=duplicates, cut=int(cut.get(rank, 0)),
                      n_events=len(events))
     out.stats = _stats("rank", rank, t0, len(events))
@@ -275,7 +286,8 @@ def finish_task(rank: int, windows: dict[str, pd.DataFrame] | None, arrivals: pd
 
 
 def drop_rank_tables(store, rank: int) -> None:
-    for key in (events_key(rank), charged_key(rank), f"host-pieces-{rank}", f"gpu-pieces-{rank}"):
+    for key in (events_key(rank), charged_key(rank), candidates_key(rank), f"host-pieces-{rank}",
+                f"gpu-pieces-{rank}"):
         store.drop(key)
 
 
