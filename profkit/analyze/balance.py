@@ -347,7 +347,8 @@ def _resampled(per: pd.DataFrame, steps: pd.DataFrame, n_resamples: int, seed: i
             "step_ns_p50": bootstrap(matrix, "p50", n_resamples, _rng(seed, side, _DP_SOURCE)),
             "step_ns_per_token": step_mean[idx].sum(1) / tok[idx].sum(1),
             "wait_ns_mean": wait[idx].sum(1) / n_r[idx].sum(1),
-            "balancedness_mean": np.nanmean(bal[idx], axis=1) if np.isfinite(bal).any() else np.full(n_resamples, np.nan),
+            "balancedness_mean": (np.nanmean(bal[idx], axis=1) if np.isfinite(bal).any()
+                                  else np.full(n_resamples, np.nan)),
         }
 
 
@@ -387,7 +388,8 @@ def dp_imbalance_cost(base_steps: pd.DataFrame, base_dp: pd.DataFrame | None,
     if missing:
         return DpCost(False, f"DP imbalance: no cost computed: {' and '.join(missing)} "
                              f"{'has' if len(missing) == 1 else 'have'} no token counts per rank and step "
-                             "(dp_imbalance.csv empty or missing), so this is not a mirror/lag pair of replays",
+                             "(dp_imbalance.csv empty or missing, or a run from the history database), so this is not "
+                             "a mirror/lag pair of replays",
                       confidence=confidence)
     per_b = dp_step_samples(base_steps, base_dp, base_cause_steps)
     per_c = dp_step_samples(cand_steps, cand_dp, cand_cause_steps)
@@ -422,7 +424,8 @@ def dp_imbalance_cost(base_steps: pd.DataFrame, base_dp: pd.DataFrame | None,
         out.notes.append("no per-step cause samples (cause_steps.csv) on a side: the waiting share is unknown")
     if sides["base"]["steps_unbalanced"]:
         out.notes.append(f"BASE is not a mirror replay (balancedness < 1 on {sides['base']['steps_unbalanced']} of "
-                         f"{sides['base']['n_steps']} steps): the change is the difference in imbalance cost, not all of it")
+                         f"{sides['base']['n_steps']} steps): the change is the difference in imbalance cost, "
+                         "not all of it")
     if not sides["cand"]["steps_unbalanced"]:
         out.notes.append("CAND is balanced at every step (a mirror?): there is no DP imbalance to price")
     tb, tc = sides["base"]["tokens_per_step"], sides["cand"]["tokens_per_step"]

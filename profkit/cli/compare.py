@@ -9,6 +9,13 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from profkit.analyze.balance import DpCost
+    from profkit.history.runs import RunData
 
 EPILOG = """\
 BASE and CAND are analysis folders (OUT of `profkit analyze -o OUT`) or runs in the history
@@ -142,7 +149,7 @@ def render(result, base, cand, dp=None) -> str:
     return "\n".join(lines)
 
 
-def dp_tokens(run):
+def dp_tokens(run: "RunData") -> "pd.DataFrame | None":
     """A run's ``dp_imbalance.csv`` (tokens per rank and step), read from its analysis folder; None for
     a run from the history database (it keeps no token counts) or a folder without the file."""
     import pandas as pd
@@ -164,7 +171,7 @@ def dp_tokens(run):
     return df.dropna(subset=["total_tokens", "max_tokens"])
 
 
-def dp_cost(base, cand, n_resamples: int = 2000, seed: int = 0):
+def dp_cost(base: "RunData", cand: "RunData", n_resamples: int = 2000, seed: int = 0) -> "DpCost":
     """The DP-imbalance section for two runs (``balance.dp_imbalance_cost`` on their tables)."""
     from profkit.analyze.balance import dp_imbalance_cost
 
@@ -172,7 +179,7 @@ def dp_cost(base, cand, n_resamples: int = 2000, seed: int = 0):
                              base.cause_steps, cand.cause_steps, n_resamples=n_resamples, seed=seed)
 
 
-def render_dp(dp) -> str:
+def render_dp(dp: "DpCost") -> str:
     """The DP-imbalance section: balancedness per side, step-time changes with intervals, waits."""
     if not dp.available:
         return dp.headline
@@ -183,11 +190,12 @@ def render_dp(dp) -> str:
         f"({b['n_steps']} and {c['n_steps']} steps with token counts per rank; intervals "
         f"{'paired by step' if dp.paired else 'over steps, sides resampled independently'})",
         f"{'':40} {'base':>10} {'cand':>10} {'change':>10}  {pct} interval of change",
-        f"{'DP balancedness, mean (mean/max tokens)':40} {b['balancedness_mean']:>10.3f} {c['balancedness_mean']:>10.3f}"
-        f" {c['balancedness_mean'] - b['balancedness_mean']:>+10.3f}",
+        f"{'DP balancedness, mean (mean/max tokens)':40} {b['balancedness_mean']:>10.3f}"
+        f" {c['balancedness_mean']:>10.3f} {c['balancedness_mean'] - b['balancedness_mean']:>+10.3f}",
         f"{'DP balancedness, worst step':40} {b['balancedness_min']:>10.3f} {c['balancedness_min']:>10.3f}",
         f"{'steps with balancedness < 1':40} {b['steps_unbalanced']:>10} {c['steps_unbalanced']:>10}",
-        f"{'padding share (1 - sum mean / sum max)':40} {100 * b['padding_share']:>9.1f}% {100 * c['padding_share']:>9.1f}%",
+        f"{'padding share (1 - sum mean / sum max)':40} {100 * b['padding_share']:>9.1f}%"
+        f" {100 * c['padding_share']:>9.1f}%",
         f"{'tokens served per step (all ranks)':40} {b['tokens_per_step']:>10.0f} {c['tokens_per_step']:>10.0f}",
     ]
     titles = {"step_ns_mean": ("step time, mean (ms)", 1e6, 3), "step_ns_p50": ("step time, p50 (ms)", 1e6, 3),

@@ -36,8 +36,8 @@ def build_parser(prog: str = "profkit simulate") -> argparse.ArgumentParser:
                         "DP-imbalance cost")
     p.add_argument("--replay-seed", type=int, default=0, metavar="K",
                    help="seed of the replayed request set (independent of --seed; default 0)")
-    p.add_argument("--token-us", type=float, default=4.0, metavar="US",
-                   help="replay: host time per token of a rank's own batch, before the DP all-reduce (default 4)")
+    p.add_argument("--token-us", type=float, default=8.0, metavar="US",
+                   help="replay: host time per token of a rank's own batch, before the DP all-reduce (default 8)")
     p.add_argument("--workers", type=int, default=0, help="writer processes (default: CPU count)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
     return p

@@ -121,7 +121,7 @@ class SimConfig:
     chunk_steps: int = 0  # steps per chunk; 0 = automatic (bounded memory)
     replay: str = ""  # "" (Poisson decode batches), "mirror" or "lag": replay one request set (replay.py)
     replay_seed: int = 0  # the replayed request set's seed (independent of seed)
-    token_ns: int = 4_000  # replay: host time per token of the rank's own batch, before the DP all-reduce
+    token_ns: int = 8_000  # replay: host time per token of the rank's own batch, before the DP all-reduce
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -33,7 +33,8 @@
   ``cost_ns[step]``, how much later every rank's step ended than in the mirror replay with the same
   ``seed`` and ``replay_seed`` (the DP all-reduce is where ranks meet; everything after it is the
   same draws, so this is exactly the step-time change ``profkit compare MIRROR LAG`` should find;
-  0 for a mirror), and ``imbalance_ns[step]``, the same against every rank at the step's mean
+  0 for a mirror; a step can be negative where the lag spread a burst the mirror ran at once),
+  and ``imbalance_ns[step]`` (never negative), the same against every rank at the step's mean
   tokens (the cost of (max - mean) tokens proper; equals ``cost_ns`` where the lag's copies
   arrive in the mirror's steps, differs by the few tokens the lag shifts across the window's
   edges). ``cost_ns_mean`` / ``imbalance_ns_mean``: their means over steps.
