@@ -39,6 +39,15 @@ def union(starts, ends) -> Intervals:
     return block_starts, block_ends
 
 
+def unique_sorted(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of a 1-D numeric array by sort: numpy 2.3+'s hash-based unique is ~100x
+    slower on millions of distinct timestamps (the hot path of every interval operation)."""
+    if values.size < 2:
+        return np.array(values, copy=True)
+    s = np.sort(values, kind="stable")
+    return s[np.r_[True, s[1:] != s[:-1]]]
+
+
 def total(iv: Intervals) -> int:
     s, e = iv
     return int((e - s).sum())
@@ -51,7 +60,7 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
     if a_s.size == 0 or b_s.size == 0:
         return a_s.copy(), a_e.copy()
     # boundaries of both sets; coverage counts tell which elementary pieces are in a but not b
-    points = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    points = unique_sorted(np.concatenate([a_s, a_e, b_s, b_e]))
     lo = points[:-1]
     hi = points[1:]
     in_a = _covered(a, lo)
@@ -65,7 +74,7 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     b_s, b_e = b
     if a_s.size == 0 or b_s.size == 0:
         return empty()
-    points = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    points = unique_sorted(np.concatenate([a_s, a_e, b_s, b_e]))
     lo = points[:-1]
     hi = points[1:]
     keep = _covered(a, lo) & _covered(b, lo)

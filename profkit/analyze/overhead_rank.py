@@ -188,7 +188,7 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     sync_layer = make_layer(sync_s, sync_e, np.zeros(sync_s.size, np.int64))
     comm_layer = _comm_layer(ea, r)
 
-    cuts = np.unique(np.concatenate(
+    cuts = iv.unique_sorted(np.concatenate(
         [ws, we, sync_s, sync_e, gc_layer.starts, gc_layer.ends, comm_layer.starts, comm_layer.ends]
         + [x for group in layers.values() for layer in group for x in (layer.starts, layer.ends)]
     ))

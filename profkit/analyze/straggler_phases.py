@@ -88,7 +88,7 @@ def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
             continue
         layer = make_layer(s, e, c)
         busy = iv.union(s, e)
-        ps, pe, _ = split_at(busy[0], busy[1], np.unique(np.concatenate([layer.starts, layer.ends])))
+        ps, pe, _ = split_at(busy[0], busy[1], iv.unique_sorted(np.concatenate([layer.starts, layer.ends])))
         j = covering(layer, ps)
         ok = (j >= 0) & (pe > ps)
         parts.append(_merge(rank, ps[ok], pe[ok], g.vocab[layer.codes[j[ok]]],
@@ -222,7 +222,7 @@ def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: i
     gs, ge, comm, codes = g.start[r], g.end[r], g.comm[r], g.code[r]
     compute = make_layer(gs[~comm], ge[~comm], codes[~comm])
     comm_iv = iv.union(gs[comm], ge[comm])
-    cuts = np.unique(np.concatenate([run_iv[0], run_iv[1], copy_iv[0], copy_iv[1], compute.starts, compute.ends,
+    cuts = iv.unique_sorted(np.concatenate([run_iv[0], run_iv[1], copy_iv[0], copy_iv[1], compute.starts, compute.ends,
                                      comm_iv[0], comm_iv[1]]))
     ps, pe, owner = split_at(hs, he, cuts)
     ph, ct = phase[owner].copy(), cat[owner].copy()

@@ -25,7 +25,8 @@ def rank_summary(timelines: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     (sum of gaps / sum of step times), the number that says "CPU-bound".
     """
     ranks = sorted(set(timelines["rank"]).union(steps["rank"].unique() if len(steps) else []))
-    out = pd.DataFrame({"rank": ranks}).merge(timelines, on="rank", how="left")
+    out = pd.DataFrame({"rank": pd.Series(ranks, dtype="int64")}).merge(
+        timelines.astype({"rank": "int64"}), on="rank", how="left")
     if len(steps):
         g = steps.groupby("rank")
         agg = pd.DataFrame(
