@@ -343,7 +343,9 @@ def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray |
         parts.append(_excess_block(ph[ph["window"].isin(mine).to_numpy(bool)],
                                    want[want["window"].isin(mine).to_numpy(bool)], n_of))
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    out = out.sort_values(["_w", "_p"], kind="stable").reset_index(drop=True)
+    w = out["_w"].to_numpy(np.int64)
+    if w.size and not (w[1:] >= w[:-1]).all():  # each block is in (_w, _p) order; blocks may interleave
+        out = out.sort_values(["_w", "_p"], kind="stable").reset_index(drop=True)
     return out[EXCESS_COLUMNS]
 
 
@@ -355,8 +357,8 @@ def _excess_block(ph: pd.DataFrame, want: pd.DataFrame, n_of: pd.Series) -> pd.D
     first_of = np.flatnonzero(new)
     gid = np.cumsum(new) - 1
     groups = pd.DataFrame({"gid": np.arange(first_of.size), "window": wv[first_of], "_p": pv[first_of],
-                           "phase": ph["phase"].to_numpy(dtype=object)[first_of],
-                           "category": ph["category"].to_numpy(dtype=object)[first_of],
+                           "phase": pd.Series(ph["phase"].to_numpy(dtype=object)[first_of], dtype=object),
+                           "category": pd.Series(ph["category"].to_numpy(dtype=object)[first_of], dtype=object),
                            "first": first_of, "k": np.diff(np.r_[first_of, len(ph)])})
     groups["n"] = groups["window"].map(n_of).to_numpy(np.int64)
     ph["gid"] = gid
@@ -378,8 +380,9 @@ def _excess_block(ph: pd.DataFrame, want: pd.DataFrame, n_of: pd.Series) -> pd.D
     lo, hi = other_at(np.maximum((m - 1) // 2, 0)), other_at(np.maximum(m // 2, 0))
     peer = np.where(m > 0, lo + (hi - lo) // 2, 0)
     out = pd.DataFrame({"window": pairs["window"].to_numpy(np.int64), "rank": pairs["rank"].to_numpy(np.int64),
-                        "phase": pairs["phase"].to_numpy(dtype=object),
-                        "category": pairs["category"].to_numpy(dtype=object),
+                        # object, not pandas 3's inferred Arrow strings: millions of rows are taken and sorted
+                        "phase": pd.Series(pairs["phase"].to_numpy(dtype=object), dtype=object),
+                        "category": pd.Series(pairs["category"].to_numpy(dtype=object), dtype=object),
                         "ns": own["ns"].fillna(0).to_numpy(np.int64), "peer_ns": peer.astype(np.int64)})
     out["excess_ns"] = out["ns"] - out["peer_ns"]
     out["_w"], out["_p"] = pairs["_w"].to_numpy(np.int64), pairs["_p"].to_numpy(np.int64)

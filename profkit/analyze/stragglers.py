@@ -207,10 +207,14 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     host_w, gpu_w = plan.host_w, plan.gpu_w
     host_x = ph_mod.causes_only(ph_mod.phase_excess(phases.host, host_w, explain & ~gated))
     gpu_x = ph_mod.phase_excess(phases.gpu, gpu_w)  # every GPU window
-    wanted = set(arrivals.loc[explain & gated, ["instance", "rank"]].itertuples(index=False, name=None))
-    pick = [(w, r) in wanted for w, r in zip(gpu_x["window"], gpu_x["rank"])] if wanted else []
-    why = pd.concat([host_x, ph_mod.causes_only(gpu_x[np.asarray(pick, bool)]) if wanted else host_x.iloc[:0]],
-                    ignore_index=True)
+    wanted = arrivals.loc[explain & gated, ["instance", "rank"]]
+    if len(wanted):
+        span = int(max(arrivals["rank"].max(), gpu_x["rank"].max() if len(gpu_x) else 0)) + 1
+        key = gpu_x["window"].to_numpy(np.int64) * span + gpu_x["rank"].to_numpy(np.int64)
+        pick = np.isin(key, wanted["instance"].to_numpy(np.int64) * span + wanted["rank"].to_numpy(np.int64))
+        why = pd.concat([host_x, ph_mod.causes_only(gpu_x[pick])], ignore_index=True)
+    else:
+        why = pd.concat([host_x, host_x.iloc[:0]], ignore_index=True)
     # what each rank spent beyond its peers, each instant counted once: its host timeline cut at
     # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
     acc_step = dict(plan.acc_step)
