@@ -17,7 +17,7 @@ import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
 import pandas as pd
 
@@ -29,6 +29,9 @@ from profkit.export.source import FrameSource, RankSource, RankSummary, first_st
 from profkit.export.steps import choose_marker
 from profkit.export.steps import rank_steps as rank_steps_of
 from profkit.export.window import StepWindow, TimeWindow, overlapping, select_steps, with_launched_gpu_work
+
+if TYPE_CHECKING:
+    from profkit.align import Alignment
 
 FORMATS = ("perfetto", "chrome")
 AUTO = "auto"
@@ -120,7 +123,7 @@ def merge_ranks(
     steps: StepWindow | None = None,
     time: TimeWindow | None = None,
     step_pattern: str | None = None,
-    alignment=None,
+    alignment: Alignment | pd.DataFrame | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> MergeResult:
     """Write every rank of ``source`` (see ``profkit.export.source``) as one trace at ``out_path``,

@@ -1,0 +1,641 @@
+"""How ``profkit.scale.analyze_paths`` scales with ranks and steps, per executor, against the floor.
+
+    python benchmarks/scale.py                      # DEP8x100, DEP32x100, DEP32x1000, DEP64x100
+    python benchmarks/scale.py --full               # + DEP64x1000 and DEP256x200
+    python benchmarks/scale.py --ranks 8,32 --steps 100 --executors pool,dask
+    python benchmarks/scale.py --quick              # DEP8x20, serial and pool (a smoke test)
+
+Captures are simulated once (``profkit simulate --ranks N --steps S --seed 1``, Kineto JSON.gz,
+one file per rank) and kept under ``--work-dir`` (default /tmp/profkit-scale); generating them
+is not measured. Every measurement runs in a fresh interpreter (this file with ``--child``), so
+each run's peak memory is its own:
+
+- cold: ``PROFKIT_CACHE_DIR`` is a fresh folder (every file is parsed and its Parquet written);
+- warm: the same folder again (the Parquet cache is read instead).
+
+Per run: the wall time of ``analyze_paths`` (imports excluded, executor start-up included), the
+driver's peak RSS (the child's own high-water mark, ``VmHWM``: RUSAGE_CHILDREN would add the
+pool's workers, and ``ru_maxrss`` of RUSAGE_SELF starts at the RSS of whoever forked it), each
+worker's peak RSS (``analysis.run_stats.peak_rss_bytes``, max per worker: as the workers measure
+it), events and events/s. Growth: milliseconds per rank-step and its ratio to the smallest run of the
+same executor and cache (1.0 everywhere = time linear in ranks x steps), and the exponents of
+``time ~ ranks^a`` (at fixed steps) and ``time ~ steps^b`` (at fixed ranks).
+
+The floor, per capture: how fast this machine can only read the raw files (bytes), gunzip them
+(``gzip``, streaming ``zlib``, and ``isal`` / ``zlib-ng`` where installed) and parse the JSON
+(``orjson``: whole files, up to 100 MB of input, and ~256 KB pieces as profkit's reader does) in
+one process and in two; the table's ``x floor`` is a run's wall time over the fastest parse. Prints markdown tables and whether the goals of issue #9 are met; writes a
+plotly figure to ``--out`` (default benchmarks/results/scale.html) and raw runs to ``--json``.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import gzip
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MB = 1 << 20
+GB = 1 << 30
+CHUNK = 1 << 20
+DEFAULT_GRID = [(8, 100), (32, 100), (32, 1000), (64, 100)]
+FULL_EXTRA = [(64, 1000), (256, 200)]
+QUICK_GRID = [(8, 20)]
+EXECUTORS = ("serial", "pool", "dask")
+CACHES = ("cold", "warm")
+COLORS = {"serial": "#636efa", "pool": "#ef553b", "dask": "#00cc96"}  # one per executor in both panels; warm dotted
+TRACE_SUFFIXES = (".json.gz", ".json", ".sqlite")
+NOT_TRACES = {"truth.json", "expert_loads.json", "manifest.json"}
+WHOLE_PARSE_MAX_BYTES = 100 * MB  # gzip'd input up to which the whole-file parse is measured too
+PIECE = 256 << 10  # JSON bytes per orjson parse in the chunked floor (as profkit.ingest.jsonio)
+_CUT = re.compile(rb"\}\s*,\s*\{")  # between two events of the traceEvents array
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+# issue #9's goals on the 2-core machine
+GOAL_DEP32 = (32, 1000, 60.0, 2 * GB)  # ranks, steps, wall s, driver peak bytes
+GOAL_DEP256 = (256, 200, 24 * GB)  # ranks, steps, memory of the driver plus every worker
+LINEAR_EXPONENT_MAX = 1.15  # time ~ ranks^a with a at most this counts as linear
+
+
+# ---------------------------------------------------------------- child (one measurement)
+
+
+def child(spec: dict) -> dict:
+    """One ``analyze_paths`` run in this fresh interpreter: wall time, memory, events."""
+    sys.path.insert(0, str(REPO))
+    t0 = time.perf_counter()
+    from profkit.scale import analyze_paths
+
+    import_s = time.perf_counter() - t0
+    options = {"executor": spec["executor"], "workers": spec["workers"]}
+    if spec.get("scheduler"):
+        options["scheduler"] = spec["scheduler"]
+    elif spec["executor"] == "dask":
+        options["dask_local"] = spec["workers"] or os.cpu_count()
+    t1 = time.perf_counter()
+    analysis = analyze_paths([spec["capture"]], **options)
+    wall_s = time.perf_counter() - t1
+    stats = getattr(analysis, "run_stats", None)
+    workers = worker_peaks(stats)
+    in_driver = workers.pop(f"{socket.gethostname()}:{os.getpid()}", None)  # tasks the driver ran itself
+    return {
+        "import_s": import_s,
+        "wall_s": wall_s,
+        "events": events_of(analysis),
+        "driver_peak_bytes": peak_rss_bytes(),
+        "driver_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # KiB on Linux
+        "worker_peak_bytes": workers,  # other processes only: the driver's own tasks are in its peak
+        "tasks_in_driver": in_driver is not None,
+        "children_maxrss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+        "tasks": 0 if stats is None else len(stats),
+        "stage_wall_s": stage_walls(stats),
+    }
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS: ``VmHWM``, else ``ru_maxrss`` of RUSAGE_SELF.
+
+    Why not ``ru_maxrss`` first: Linux carries the RSS high-water mark over fork and exec, so a
+    process started by a large one reports at least the parent's RSS at the fork (measured: a
+    child of an 800 MB parent says 813 MB, VmHWM 13 MB). VmHWM belongs to this address space only.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def worker_peaks(stats) -> dict[str, int]:
+    """Peak RSS per worker from ``run_stats`` (empty when the run kept no task statistics)."""
+    if stats is None or len(stats) == 0 or "peak_rss_bytes" not in stats:
+        return {}
+    peaks = stats.dropna(subset=["peak_rss_bytes"]).groupby("worker")["peak_rss_bytes"].max()
+    return {str(w): int(p) for w, p in peaks.items()}
+
+
+def stage_walls(stats) -> dict[str, float]:
+    """Sum of task wall time per stage (CPU-ish time spent in each stage, over all workers)."""
+    if stats is None or len(stats) == 0 or "wall_s" not in stats:
+        return {}
+    return {str(k): float(v) for k, v in stats.groupby("stage")["wall_s"].sum().items()}
+
+
+def events_of(analysis) -> int:
+    """Events profkit read: the loaded parts' counts, else the largest per-stage sum of task events."""
+    capture = getattr(analysis, "capture", None)
+    parts = getattr(capture, "parts", None)
+    if parts is not None and len(parts) and "n_events" in parts:
+        return int(parts["n_events"].sum())
+    stats = getattr(analysis, "run_stats", None)
+    if stats is not None and len(stats) and "events" in stats:
+        return int(stats.groupby("stage")["events"].sum().max())
+    events = getattr(analysis, "events", None)
+    return 0 if events is None else len(events)
+
+
+def floor_child(spec: dict) -> dict:
+    """The floor in a fresh interpreter, so its parses never raise this benchmark's own RSS (which
+    every later child would inherit in ``ru_maxrss``)."""
+    return {"rows": measure_floor([Path(p) for p in spec["files"]])}
+
+
+def run_child(spec: dict, env: dict[str, str], timeout_s: float) -> dict:
+    """Run ``child`` in a fresh interpreter (own session, so a timeout ends its workers too)."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", json.dumps(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        why = "killed (out of memory?)" if proc.returncode == -signal.SIGKILL else f"exit {proc.returncode}"
+        tail = err.strip().splitlines()[-1] if err.strip() else ""
+        return {"error": f"{why}: {tail}"[:200]}
+    return json.loads(lines[-1])
+
+
+# ---------------------------------------------------------------- captures
+
+
+def capture_dir(work_dir: Path, ranks: int, steps: int, fmt: str) -> Path:
+    """The simulated DEP``ranks`` x ``steps`` capture, generated once and kept under ``work_dir``."""
+    out = work_dir / f"dep{ranks}x{steps}-{fmt}-seed1"
+    done = out / ".complete"
+    if done.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    say(f"simulating DEP{ranks} x {steps} steps ({fmt}) into {out} (not measured)")
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "profkit", "simulate", "--ranks", str(ranks), "--steps", str(steps), "--seed", "1",
+           "--format", fmt, "-o", str(out), "-q"]
+    subprocess.run(cmd, check=True, cwd=REPO, env=child_env(None))
+    done.write_text(f"{time.perf_counter() - t0:.1f} s\n")
+    return out
+
+
+def trace_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.name.endswith(TRACE_SUFFIXES) and p.name not in NOT_TRACES)
+
+
+def child_env(cache_dir: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if cache_dir is not None:
+        env["PROFKIT_CACHE_DIR"] = str(cache_dir)
+        env.pop("PROFKIT_CACHE", None)
+    return env
+
+
+# ---------------------------------------------------------------- the floor
+
+
+def _read(path: Path) -> tuple[int, int, int]:
+    return len(path.read_bytes()), 0, 0
+
+
+def _gzip(path: Path) -> tuple[int, int, int]:
+    with gzip.open(path, "rb") as fh:
+        return path.stat().st_size, len(fh.read()), 0
+
+
+def _zlib_stream(path: Path) -> tuple[int, int, int]:
+    """Streaming inflate in 1 MiB chunks, output dropped: no whole-file buffer."""
+    out = 0
+    inflate = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            out += len(inflate.decompress(chunk))
+            while inflate.unused_data:  # concatenated gzip members
+                rest = inflate.unused_data
+                out += len(inflate.flush())
+                inflate = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
+                out += len(inflate.decompress(rest))
+        out += len(inflate.flush())
+    return path.stat().st_size, out, 0
+
+
+def _isal(path: Path) -> tuple[int, int, int]:
+    from isal import igzip
+
+    with igzip.open(path, "rb") as fh:
+        return path.stat().st_size, len(fh.read()), 0
+
+
+def _zlib_ng(path: Path) -> tuple[int, int, int]:
+    from zlib_ng import gzip_ng
+
+    with gzip_ng.open(path, "rb") as fh:
+        return path.stat().st_size, len(fh.read()), 0
+
+
+def _orjson(path: Path) -> tuple[int, int, int]:
+    """gunzip + ``orjson.loads``: what any JSON trace reader must at least do."""
+    import orjson
+
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as fh:
+        data = fh.read()
+    doc = orjson.loads(data)
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    return path.stat().st_size, len(data), len(events)
+
+
+def _orjson_pieces(path: Path) -> tuple[int, int, int]:
+    """Streaming gunzip + ``orjson`` over ~256 KB pieces of the ``traceEvents`` array, cut between
+    events: a whole-document parse of a large file allocates and faults in far more memory, so
+    pieces are what a fast reader does (``profkit.ingest.jsonio`` too). Pieces whose cut fell
+    inside a string are re-joined with the next one.
+    """
+    import orjson
+
+    out, events, pending, started = 0, 0, b"", False
+    inflate = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16) if path.name.endswith(".gz") else None
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            data = inflate.decompress(chunk) if inflate else chunk
+            out += len(data)
+            pending += data
+            if not started:
+                at = _EVENTS_KEY.search(pending)
+                if at is None:
+                    continue
+                pending, started = pending[at.end():], True
+            events_in, pending = _parse_pieces(pending)
+            events += events_in
+    tail = pending.rstrip()
+    end = tail.rfind(b"]")  # the array's end; whatever follows it is the trace's other keys
+    while end > 0:
+        try:
+            events += len(orjson.loads(b"[" + tail[:end] + b"]"))
+            break
+        except orjson.JSONDecodeError:
+            end = tail.rfind(b"]", 0, end)
+    return path.stat().st_size, out, events
+
+
+def _parse_pieces(pending: bytes) -> tuple[int, bytes]:
+    """Parse whole ~``PIECE``-byte runs of events off the front of ``pending``: (events, the rest)."""
+    import orjson
+
+    events, start, at = 0, 0, PIECE
+    while len(pending) - start > at:
+        cut = _CUT.search(pending, start + at)
+        if cut is None:
+            break
+        try:
+            events += len(orjson.loads(b"[" + pending[start:cut.start() + 1] + b"]"))
+        except orjson.JSONDecodeError:  # the cut fell inside a string: try the next one
+            at = cut.end() - start
+            continue
+        start, at = cut.end() - 1, PIECE
+    return events, pending[start:]
+
+
+def floor_methods(files: list[Path]) -> list[tuple[str, object, int]]:
+    """(label, function, processes) for what is installed and applies to these files."""
+    methods: list[tuple[str, object, int]] = [("read bytes", _read, 1)]
+    if not all(p.name.endswith(".gz") for p in files):
+        return methods
+    methods += [("gzip.open().read()", _gzip, 1), ("zlib streaming (1 MiB chunks)", _zlib_stream, 1)]
+    for module, label, fn in (("isal", "isal igzip", _isal), ("zlib_ng", "zlib-ng gzip_ng", _zlib_ng)):
+        try:
+            __import__(module)
+        except ImportError:
+            continue
+        methods.append((label, fn, 1))
+    if all(p.name.endswith((".json.gz", ".json")) for p in files):
+        if sum(p.stat().st_size for p in files) <= WHOLE_PARSE_MAX_BYTES:  # slow and ~6x the JSON in RAM
+            methods.append(("gunzip + orjson.loads (whole file)", _orjson, 1))
+        methods += [("gunzip + orjson (256 KB pieces)", _orjson_pieces, 1),
+                    ("gunzip + orjson (256 KB pieces)", _orjson_pieces, 2)]
+    return methods
+
+
+def measure_floor(files: list[Path]) -> list[dict]:
+    """Each floor method over every file: seconds, compressed and JSON bytes, raw trace events."""
+    rows = []
+    for label, fn, procs in floor_methods(files):
+        if procs == 1:
+            t0 = time.perf_counter()
+            sizes = [fn(p) for p in files]
+            seconds = time.perf_counter() - t0
+        else:
+            with concurrent.futures.ProcessPoolExecutor(procs) as pool:
+                list(pool.map(_read, files[:procs]))  # start the workers outside the timing
+                t0 = time.perf_counter()
+                sizes = list(pool.map(fn, files))
+                seconds = time.perf_counter() - t0
+        rows.append({
+            "method": label, "processes": procs, "seconds": seconds,
+            "file_bytes": sum(s[0] for s in sizes), "json_bytes": sum(s[1] for s in sizes), "raw_events": sum(s[2] for s in sizes),
+        })
+    return rows
+
+
+def floor_seconds(rows: list[dict]) -> float | None:
+    """The floor a run is compared to: the fastest parse (else gunzip, else read) measured."""
+    for key in ("orjson", "gz", "read"):
+        times = [r["seconds"] for r in rows if key in r["method"] or (key == "gz" and "zlib" in r["method"])]
+        if times:
+            return min(times)
+    return None
+
+
+# ---------------------------------------------------------------- tables and growth
+
+
+def fmt_mb(n: int | None) -> str:
+    return "n/a" if not n else f"{n / MB:,.0f}"
+
+
+def growth(runs: list[dict]) -> None:
+    """Adds ``ms_per_rank_step`` and ``vs_smallest`` (per executor and cache) to each good run."""
+    good = [r for r in runs if "error" not in r]
+    for key, group in itertools.groupby(sorted(good, key=_series), key=_series):
+        group = list(group)
+        smallest = min(group, key=lambda r: (r["ranks"] * r["steps"], r["ranks"]))
+        base = smallest["wall_s"] / (smallest["ranks"] * smallest["steps"])
+        for r in group:
+            r["ms_per_rank_step"] = 1000 * r["wall_s"] / (r["ranks"] * r["steps"])
+            r["vs_smallest"] = r["wall_s"] / (r["ranks"] * r["steps"]) / base
+
+
+def _series(run: dict) -> tuple[str, str]:
+    return run["executor"], run["cache"]
+
+
+def exponent(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of log(time) on log(size): 1.0 = linear."""
+    points = [(x, y) for x, y in points if x > 0 and y > 0]
+    if len({x for x, _ in points}) < 2:
+        return None
+    lx, ly = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def exponents(runs: list[dict]) -> list[dict]:
+    """Per executor and cache: time ~ ranks^a at each fixed step count, ~ steps^b at each fixed rank count."""
+    out = []
+    good = [r for r in runs if "error" not in r]
+    for (executor, cache), group in itertools.groupby(sorted(good, key=_series), key=_series):
+        group = list(group)
+        for along, fixed in (("ranks", "steps"), ("steps", "ranks")):
+            for value in sorted({r[fixed] for r in group}):
+                pts = [(r[along], r["wall_s"]) for r in group if r[fixed] == value]
+                e = exponent(pts)
+                if e is not None:
+                    sizes = sorted(x for x, _ in pts)
+                    out.append({"executor": executor, "cache": cache, "along": along, "fixed": fixed, "at": value,
+                                "exponent": e, "from": sizes[0], "to": sizes[-1]})
+    return out
+
+
+def run_table(runs: list[dict], floors: dict[str, float | None]) -> str:
+    head = ("capture", "events", "executor", "cache", "wall s", "events/s", "driver peak MB", "worker peak MB (max)",
+            "ms per rank-step", "vs smallest", "x floor")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        name = f"DEP{r['ranks']} x {r['steps']}"
+        if "error" in r:
+            cells = [name, "", r["executor"], r["cache"], f"failed: {r['error']}"] + [""] * (len(head) - 5)
+        else:
+            workers, floor = r["worker_peak_bytes"], floors.get(r["capture"])
+            cells = [
+                name, f"{r['events']:,}", r["executor"], r["cache"], f"{r['wall_s']:.2f}",
+                f"{r['events'] / r['wall_s']:,.0f}", fmt_mb(r["driver_peak_bytes"]),
+                fmt_mb(max(workers.values())) if workers else "in driver" if r.get("tasks_in_driver") else "n/a",
+                f"{r['ms_per_rank_step']:.2f}",
+                f"{r['vs_smallest']:.2f}", f"{r['wall_s'] / floor:.1f}" if floor else "n/a",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def floor_table(floors: dict[str, list[dict]]) -> str:
+    head = ("capture", "files", "method", "processes", "s", "file MB/s", "JSON MB/s", "events/s")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, rows in floors.items():
+        for r in rows:
+            s = max(r["seconds"], 1e-9)
+            cells = [
+                name, str(r["n_files"]), r["method"], str(r["processes"]), f"{r['seconds']:.2f}",
+                f"{r['file_bytes'] / MB / s:,.0f}", f"{r['json_bytes'] / MB / s:,.0f}" if r["json_bytes"] else "–",
+                f"{r['raw_events'] / s:,.0f}" if r["raw_events"] else "–",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goals(runs: list[dict]) -> list[str]:
+    """Issue #9's goals, one line each: met, not met, or not measured (and which run says so)."""
+    lines = []
+    ranks, steps, wall_max, driver_max = GOAL_DEP32
+    for r in runs:
+        if (r["ranks"], r["steps"]) != (ranks, steps):
+            continue
+        label = f"DEP{ranks} x {steps}, {r['executor']}, {r['cache']} cache"
+        if "error" in r:
+            lines.append(f"NOT MET  {label}: failed ({r['error']})")
+            continue
+        ok = r["wall_s"] < wall_max and r["driver_peak_bytes"] < driver_max
+        lines.append(f"{'met    ' if ok else 'NOT MET'}  {label}: {r['wall_s']:.1f} s (goal < {wall_max:.0f} s), "
+                     f"driver {r['driver_peak_bytes'] / GB:.2f} GB (goal < {driver_max / GB:.0f} GB)")
+    if not any((r["ranks"], r["steps"]) == (ranks, steps) for r in runs):
+        lines.append(f"not measured  DEP{ranks} x {steps} (in the default grid)")
+    ranks, steps, mem_max = GOAL_DEP256
+    for r in runs:
+        if (r["ranks"], r["steps"]) != (ranks, steps):
+            continue
+        label = f"DEP{ranks} x {steps}, {r['executor']}, {r['cache']} cache"
+        if "error" in r:
+            lines.append(f"NOT MET  {label}: failed ({r['error']})")
+            continue
+        total = r["driver_peak_bytes"] + sum(r["worker_peak_bytes"].values())
+        lines.append(f"{'met    ' if total < mem_max else 'NOT MET'}  {label}: completed in {r['wall_s']:.1f} s, "
+                     f"driver + workers' peaks {total / GB:.2f} GB (goal < {mem_max / GB:.0f} GB)")
+    if not any((r["ranks"], r["steps"]) == (ranks, steps) for r in runs):
+        lines.append(f"not measured  DEP{ranks} x {steps} (run with --full)")
+    for e in exponents(runs):
+        if e["along"] != "ranks":
+            continue
+        ok = e["exponent"] <= LINEAR_EXPONENT_MAX
+        lines.append(f"{'met    ' if ok else 'NOT MET'}  time linear in ranks, {e['executor']}, {e['cache']} cache: "
+                     f"time ~ ranks^{e['exponent']:.2f} at {e['at']} steps (DEP{e['from']}..{e['to']}; goal <= {LINEAR_EXPONENT_MAX})")
+    return lines
+
+
+# ---------------------------------------------------------------- figure
+
+
+def write_figure(runs: list[dict], path: Path, title: str) -> None:
+    """Wall time vs ranks (at fixed steps) and vs steps (at fixed ranks), a line per executor and cache."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    good = [r for r in runs if "error" not in r]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("wall time vs ranks", "wall time vs steps"))
+    for col, (along, fixed) in enumerate((("ranks", "steps"), ("steps", "ranks")), start=1):
+        for (executor, cache), group in itertools.groupby(sorted(good, key=_series), key=_series):
+            group = list(group)
+            for value in sorted({r[fixed] for r in group}):
+                pts = sorted((r for r in group if r[fixed] == value), key=lambda r: r[along])
+                if len(pts) < 2 and len({r[fixed] for r in good}) > 1:
+                    continue  # a lone point is drawn on the other panel
+                fig.add_trace(go.Scatter(
+                    x=[r[along] for r in pts], y=[r["wall_s"] for r in pts], mode="lines+markers",
+                    name=f"{executor}, {cache} cache, {fixed}={value}", legendgroup=f"{executor}-{cache}",
+                    line={"color": COLORS.get(executor), "dash": "solid" if cache == "cold" else "dot"},
+                    text=[f"DEP{r['ranks']} x {r['steps']}: {r['events']:,} events, {r['events'] / r['wall_s']:,.0f} events/s, "
+                          f"driver {r['driver_peak_bytes'] / MB:,.0f} MB" for r in pts],
+                    hovertemplate="%{text}<br>%{y:.2f} s<extra>%{fullData.name}</extra>",
+                ), row=1, col=col)
+        fig.update_xaxes(title_text=along, type="log", row=1, col=col)
+        fig.update_yaxes(title_text="wall s", type="log", row=1, col=col)
+    fig.update_layout(title=title, height=520, template="plotly_white")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_html(path, include_plotlyjs=True, full_html=True)
+
+
+# ---------------------------------------------------------------- driver
+
+
+def report(runs: list[dict], floors: dict[str, list[dict]], header: str, out: Path | None) -> None:
+    """Print the tables, growth and goals; write the figure to ``out``."""
+    growth(runs)
+    floor_s = {name: floor_seconds(rows) for name, rows in floors.items()}
+    print(f"\n{header}\n")
+    print(run_table(runs, floor_s))
+    growth_lines = [f"- {e['executor']}, {e['cache']} cache: time ~ {e['along']}^{e['exponent']:.2f} at {e['fixed']}={e['at']} "
+                    f"({e['along']} {e['from']}..{e['to']})" for e in exponents(runs)]
+    if growth_lines:
+        print("\nGrowth (1.00 = linear):\n" + "\n".join(growth_lines))
+    if floors:
+        print("\nFloor: the raw files only read, gunzipped, parsed (page cache warm)\n")
+        print(floor_table({Path(k).name: v for k, v in floors.items()}))
+    print("\nGoals (issue #9):\n" + "\n".join(goals(runs)))
+    if out is None:
+        return
+    try:
+        write_figure(runs, out, header)
+        print(f"\nfigure: {out}")
+    except ImportError as exc:
+        say(f"no figure ({exc})")
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_list(text: str | None, kind=int) -> list:
+    return [kind(x) for x in text.split(",") if x.strip()] if text else []
+
+
+def grid_of(args) -> list[tuple[int, int]]:
+    if args.quick:
+        return list(QUICK_GRID)
+    if args.ranks or args.steps:
+        return list(itertools.product(parse_list(args.ranks) or [32], parse_list(args.steps) or [100]))
+    return DEFAULT_GRID + (FULL_EXTRA if args.full else [])
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        spec = json.loads(sys.argv[2])
+        print(json.dumps(floor_child(spec) if spec.get("floor") else child(spec)))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[2:7]))
+    ap.add_argument("--quick", action="store_true", help="DEP8 x 20 only, serial and pool: a smoke test")
+    ap.add_argument("--full", action="store_true", help="add DEP64 x 1000 and DEP256 x 200 to the default grid")
+    ap.add_argument("--ranks", help="comma-separated rank counts (grid: every --ranks x every --steps)")
+    ap.add_argument("--steps", help="comma-separated step counts")
+    ap.add_argument("--executors", help=f"comma-separated, of {', '.join(EXECUTORS)} (default: all; --quick: serial,pool)")
+    ap.add_argument("--workers", type=int, help="workers per executor (default: the executor's own)")
+    ap.add_argument("--scheduler", help="Dask scheduler address for the dask executor (default: a LocalCluster)")
+    ap.add_argument("--caches", default="cold,warm", help="cold, warm or both (default cold,warm)")
+    ap.add_argument("--format", choices=("kineto", "nsys"), default="kineto", help="simulated trace format")
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/profkit-scale"), help="captures and caches (kept)")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.html", help="plotly figure")
+    ap.add_argument("--json", type=Path, help="also write every run and floor measurement here")
+    ap.add_argument("--no-floor", action="store_true", help="skip the read / gunzip / parse floor")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed (default 1800)")
+    ap.add_argument("--report", type=Path, metavar="JSON", help="measure nothing: print the tables of a --json file again")
+    args = ap.parse_args()
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        report(saved["runs"], saved["floors"], saved.get("header", str(args.report)), args.out)
+        return 0
+    executors = parse_list(args.executors, str) or (["serial", "pool"] if args.quick else list(EXECUTORS))
+    unknown = set(executors) - set(EXECUTORS)
+    caches = parse_list(args.caches, str)
+    if unknown or not set(caches) <= set(CACHES) or not caches:
+        ap.error(f"executors are {', '.join(EXECUTORS)}; caches are cold, warm")
+    grid = grid_of(args)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    header = (f"profkit.scale.analyze_paths on simulated captures ({args.format}, seed 1); {machine}; "
+              f"workers: {args.workers or 'executor default'}; one run each")
+    runs: list[dict] = []
+    floors: dict[str, list[dict]] = {}
+
+    def save() -> None:  # after every run, so a long grid that is stopped keeps what it measured
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "header": header,
+                                             "runs": runs, "floors": floors}, indent=2))
+
+    for ranks, steps in grid:
+        folder = capture_dir(args.work_dir, ranks, steps, args.format)
+        files = trace_files(folder)
+        if not args.no_floor:
+            say(f"floor: DEP{ranks} x {steps}, {len(files)} files")
+            floor = run_child({"floor": True, "files": [str(f) for f in files]}, child_env(None), args.timeout)
+            if "error" in floor:
+                say(f"  floor failed: {floor['error']}")
+            else:
+                floors[str(folder)] = [{**row, "n_files": len(files)} for row in floor["rows"]]
+        for executor in executors:
+            cache_dir = args.work_dir / "cache" / f"{folder.name}-{executor}"
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            spec = {"capture": str(folder), "executor": executor, "workers": args.workers, "scheduler": args.scheduler}
+            for cache in caches:
+                if cache == "warm" and "cold" not in caches:  # warm needs a filled cache: fill it unmeasured
+                    run_child(spec, child_env(cache_dir), args.timeout)
+                say(f"run: DEP{ranks} x {steps}, {executor}, {cache} cache")
+                result = run_child(spec, child_env(cache_dir), args.timeout)
+                runs.append({"ranks": ranks, "steps": steps, "executor": executor, "cache": cache,
+                             "capture": str(folder), **result})
+                say("  " + (f"failed: {result['error']}" if "error" in result else
+                            f"{result['wall_s']:.2f} s, {result['events']:,} events, driver {result['driver_peak_bytes'] / MB:,.0f} MB"))
+                save()
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    report(runs, floors, header, args.out)
+    return 1 if runs and all("error" in r for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
