@@ -135,3 +135,21 @@ def test_store_round_trip_keeps_dtypes_and_missing_values():
     back = table_to_frame(frame_to_table(df))
     pd.testing.assert_frame_equal(back, df, check_exact=True)
     assert back["phase"].iloc[1] is None
+
+
+def test_merge_from_the_executor_is_the_same_file_as_from_memory(tmp_path):
+    """``profkit merge`` reads and prepares ranks on the pool and writes one rank at a time; the
+    file is byte for byte the one ``merge_capture`` writes from a capture held in memory."""
+    from profkit.export import merge_capture
+    from profkit.scale import merge_paths
+
+    sim = tmp_path / "sim"
+    subprocess.run([sys.executable, "-m", "profkit.cli.main", "simulate", "--ranks", "8", "--steps", "12", "--seed", "3",
+                    "--ranks-per-host", "4", "--inject", "gc:rank=2,every=4,ms=10", "-o", str(sim), "-q",
+                    "--workers", "1"], check=True)
+    for fmt, name in (("perfetto", "m.pftrace"), ("chrome", "m.json")):
+        streamed, capture = merge_paths([sim], tmp_path / f"pool-{name}", executor="pool", workers=2, fmt=fmt)
+        in_memory = merge_capture(load(sim), tmp_path / f"mem-{name}", fmt=fmt)
+        assert streamed.ranks == in_memory.ranks == list(range(8))
+        assert (tmp_path / f"pool-{name}").read_bytes() == (tmp_path / f"mem-{name}").read_bytes()
+        assert capture.events.empty and capture.event_count == in_memory.n_events

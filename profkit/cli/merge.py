@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from profkit.cli.analyze import add_load_options
+from profkit.cli.analyze import add_load_options, add_scale_options
 
 EPILOG = """\
 windows:
@@ -37,12 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     window.add_argument("--time", metavar="T0:T1", help="keep [T0, T1]: seconds from the start, or absolute ns")
     p.add_argument("--no-align", action="store_true", help="merge on each rank's own clock (skip clock alignment)")
     add_load_options(p)
+    add_scale_options(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from profkit.export import WindowError, merge_capture, parse_steps, parse_time
-    from profkit.ingest.loader import RankMap, load
+    from profkit.export import WindowError, parse_steps, parse_time
+    from profkit.ingest.loader import RankMap
 
     try:
         rank_map = RankMap.parse(args.rank)
@@ -52,21 +53,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"profkit: {exc}", file=sys.stderr)
         return 2
     say = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
-    capture = load(*args.paths, rank_map=rank_map, progress=say)
+    from profkit.scale import ScaleError, merge_paths
+
+    try:
+        result, capture = merge_paths(
+            args.paths, args.out, align=not args.no_align, executor=args.executor, workers=args.workers,
+            scheduler=args.scheduler, dask_local=args.dask_local, rank_map=rank_map, progress=say,
+            scratch=args.scratch, fmt=args.format, steps=steps, time=time, step_pattern=args.step_pattern,
+        )
+    except OSError as exc:
+        print(f"profkit: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except ScaleError as exc:
+        print(f"profkit: {exc}", file=sys.stderr)
+        return 1
     for line in capture.skipped:
         print(f"profkit: skipped {line}", file=sys.stderr)
     for line in capture.warnings:
         say(f"profkit: warning: {line}")
-    if capture.parts.empty:
+    if result is None or capture.parts.empty:
         print("profkit: nothing could be merged", file=sys.stderr)
-        return 1
-    try:
-        result = merge_capture(
-            capture, args.out, fmt=args.format, steps=steps, time=time, step_pattern=args.step_pattern,
-            align=None if args.no_align else "auto", progress=say,
-        )
-    except OSError as exc:
-        print(f"profkit: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     for note in result.notes:
         print(f"profkit: note: {note}", file=sys.stderr)

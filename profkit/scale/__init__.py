@@ -12,6 +12,6 @@ same bit for bit; ``profkit.analyze.pipeline.analyze`` runs them serially on a l
 from __future__ import annotations
 
 from profkit.scale.executors import EXECUTORS, ScaleError, make_executor
-from profkit.scale.run import analyze_capture, analyze_paths
+from profkit.scale.run import analyze_capture, analyze_paths, merge_paths
 
-__all__ = ["EXECUTORS", "ScaleError", "analyze_capture", "analyze_paths", "make_executor"]
+__all__ = ["EXECUTORS", "ScaleError", "analyze_capture", "analyze_paths", "make_executor", "merge_paths"]

@@ -31,6 +31,38 @@ from profkit.scale.executors import SerialExecutor, make_executor
 from profkit.scale.store import DiskStore, MemoryStore
 
 
+def _read(paths, rank_map, store, ex, say) -> tuple[Capture, dict[int, list[str]], list]:
+    """Map over files: read each (cache), resolve ranks over the part descriptors."""
+    files, skipped = discover(paths)
+    say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
+    read = ex.map(stages.read_file_task,
+                  [(i, str(f), rank_map.pids_for_file(f) or None, store) for i, f in enumerate(files)],
+                  [f"file {f}" for f in files])
+    parts = []
+    for r in read:
+        if r.skipped:
+            skipped.append(r.skipped)
+        parts.extend(r.parts)
+    kept, warnings = resolve_ranks(parts, rank_map, skipped)
+    for p in parts:
+        if p not in kept:
+            store.drop(p.store_key)
+    keys: dict[int, list[str]] = {}
+    for p in kept:
+        keys.setdefault(int(p.rank), []).append(p.store_key)
+    return _capture_of(kept, skipped, warnings), keys, [r.stats for r in read]
+
+
+def _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch):
+    if isinstance(rank_map, dict):
+        rank_map = RankMap(by_file=dict(rank_map))
+    rank_map = rank_map or RankMap()
+    if executor == "pool" and not (scheduler or dask_local):  # no more processes than files to read
+        n_files = len(discover(paths)[0])
+        workers = max(1, min(workers or os.cpu_count() or 1, n_files))
+    return rank_map, DiskStore(scratch), make_executor(executor, workers, scheduler, dask_local)
+
+
 def analyze_paths(
     paths: Iterable[str | Path],
     *,
@@ -49,38 +81,16 @@ def analyze_paths(
 
     ``scratch``: the folder for intermediate tables (default: a new temporary folder, removed at
     the end; on a multi-machine Dask cluster, a folder every worker can reach). ``keep_aligned``
-    keeps each rank's aligned events there (``analysis.store``) for a streamed merge.
+    keeps each rank's aligned events there (``analysis.store``).
     """
-    if isinstance(rank_map, dict):
-        rank_map = RankMap(by_file=dict(rank_map))
-    rank_map = rank_map or RankMap()
+    paths = list(paths)
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
-    files, skipped = discover(paths)
-    store = DiskStore(scratch)
-    if executor == "pool" and not (scheduler or dask_local):  # no more processes than files to read
-        workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
-    ex = make_executor(executor, workers, scheduler, dask_local)
+    rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
     try:
-        say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
-        read = ex.map(stages.read_file_task,
-                      [(i, str(f), rank_map.pids_for_file(f) or None, store) for i, f in enumerate(files)],
-                      [f"file {f}" for f in files])
-        parts = []
-        for r in read:
-            if r.skipped:
-                skipped.append(r.skipped)
-            parts.extend(r.parts)
-        kept, warnings = resolve_ranks(parts, rank_map, skipped)
-        for p in parts:
-            if p not in kept:
-                store.drop(p.store_key)
-        keys: dict[int, list[str]] = {}
-        for p in kept:
-            keys.setdefault(int(p.rank), []).append(p.store_key)
-        capture = _capture_of(kept, skipped, warnings)
+        capture, keys, stats = _read(paths, rank_map, store, ex, say)
         analysis = run_stages(capture, keys, store, ex, step_pattern, expert_loads, keep_aligned=keep_aligned,
-                              stats=[r.stats for r in read], progress=say)
+                              stats=stats, progress=say)
     finally:
         ex.close()
         if not keep_aligned:
@@ -88,6 +98,67 @@ def analyze_paths(
     analysis.store = store if keep_aligned else None
     say(f"analyzed in {time.perf_counter() - t_start:.1f} s")
     return analysis
+
+
+class StoreSource:
+    """``export.merge_ranks``' source over the prepared ranks in a store: one rank read at a time
+    (on its own clocks; the merge applies the alignment), the first pass from a few columns."""
+
+    def __init__(self, store, capture: Capture, ranks: list[int]) -> None:
+        self.store, self.ranks, self.meta, self.parts = store, list(ranks), capture.meta, capture.parts
+
+    def events(self, rank: int) -> pd.DataFrame:
+        return self.store.get(stages.events_key(rank))
+
+    def summary(self, rank: int):
+        from profkit.export.source import SUMMARY_COLUMNS, summarize_rank
+
+        return summarize_rank(rank, self.store.get(stages.events_key(rank), list(SUMMARY_COLUMNS)))
+
+
+def merge_paths(
+    paths: Iterable[str | Path],
+    out_path: str | Path,
+    *,
+    align: bool = True,
+    executor: str = "pool",
+    workers: int | None = None,
+    scheduler: str | None = None,
+    dask_local: int | None = None,
+    rank_map: RankMap | dict[str, int] | None = None,
+    progress: Callable[[str], None] | None = None,
+    scratch: str | Path | None = None,
+    **merge_options,
+):
+    """``profkit merge`` without holding the capture: files read and ranks prepared on the
+    executor (their clocks estimated as ``analyze_paths`` does), then written one rank at a time.
+    Returns (``MergeResult``, the Capture without events: parts, skipped, warnings); the result is
+    None when no file could be read (nothing is written)."""
+    from profkit.export.merge import NOT_ALIGNED, merge_ranks
+
+    paths = list(paths)
+    say = progress or (lambda msg: None)
+    rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
+    try:
+        capture, keys, _ = _read(paths, rank_map, store, ex, say)
+        if not keys:
+            return None, capture
+        ranks = sorted(keys)
+        prep = ex.map(stages.prepare_task, [(r, keys[r], store, None) for r in ranks], [f"rank {r}" for r in ranks])
+        ex.close()
+        alignment = None
+        clocks = [p.clock for p in prep if p.clock is not None]
+        if align and clocks:
+            alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta))
+        result = merge_ranks(StoreSource(store, capture, [r for r in ranks if prep[ranks.index(r)].n_events]),
+                             out_path, alignment=alignment, progress=progress, **merge_options)
+        if not align:
+            result.notes = [NOT_ALIGNED.format(why="alignment was switched off")
+                            if n.startswith("clocks not aligned") else n for n in result.notes]
+    finally:
+        ex.close()
+        store.close()
+    return result, capture
 
 
 def analyze_capture(capture: Capture, step_pattern: str | None = None,

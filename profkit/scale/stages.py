@@ -57,6 +57,15 @@ class TaskStats:
 
 
 def _peak_rss_bytes() -> int:
+    """This process's peak resident memory: ``VmHWM`` on Linux (``ru_maxrss`` of a forked or
+    spawned worker starts at its parent's size), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 

@@ -76,8 +76,9 @@ class MemoryStore:
     def put(self, key: str, frame: pd.DataFrame) -> None:
         self._frames[key] = frame.reset_index(drop=True)
 
-    def get(self, key: str) -> pd.DataFrame:
-        return self._frames[key]
+    def get(self, key: str, columns: list[str] | None = None) -> pd.DataFrame:
+        frame = self._frames[key]
+        return frame[list(columns)] if columns is not None else frame
 
     def put_table(self, key: str, table: pa.Table) -> None:
         self._tables[key] = table
@@ -110,8 +111,8 @@ class DiskStore:
     def put(self, key: str, frame: pd.DataFrame) -> None:
         self.put_table(key, frame_to_table(frame))
 
-    def get(self, key: str) -> pd.DataFrame:
-        return table_to_frame(self.get_table(key))
+    def get(self, key: str, columns: list[str] | None = None) -> pd.DataFrame:
+        return table_to_frame(self.get_table(key, columns))
 
     def put_table(self, key: str, table: pa.Table) -> None:
         path = self._path(key)
@@ -119,8 +120,9 @@ class DiskStore:
         feather.write_feather(table, tmp, compression="lz4")
         tmp.replace(path)  # a reader never sees half a file, a retried task overwrites cleanly
 
-    def get_table(self, key: str) -> pa.Table:
-        return feather.read_table(self._path(key), memory_map=False)
+    def get_table(self, key: str, columns: list[str] | None = None) -> pa.Table:
+        return feather.read_table(self._path(key), columns=list(columns) if columns is not None else None,
+                                  memory_map=False)
 
     def drop(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
