@@ -31,6 +31,9 @@ from profkit.scale.executors import SerialExecutor, make_executor
 from profkit.scale.store import DiskStore, MemoryStore
 
 
+SMALL_CAPTURE_BYTES = 64 << 20  # below this, the default pool runs in-process (unless --workers is given)
+
+
 def _read(paths, rank_map, store, ex, say) -> tuple[Capture, dict[int, list[str]], list]:
     """Map over files: read each (cache), resolve ranks over the part descriptors."""
     files, skipped = discover(paths)
@@ -57,9 +60,12 @@ def _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch):
     if isinstance(rank_map, dict):
         rank_map = RankMap(by_file=dict(rank_map))
     rank_map = rank_map or RankMap()
-    if executor == "pool" and not (scheduler or dask_local):  # no more processes than files to read
-        n_files = len(discover(paths)[0])
-        workers = max(1, min(workers or os.cpu_count() or 1, n_files))
+    if executor == "pool" and not (scheduler or dask_local):
+        files = discover(paths)[0]
+        small = sum(f.stat().st_size for f in files) < SMALL_CAPTURE_BYTES
+        if len(files) < 2 or (workers is None and small):
+            executor = "serial"  # starting worker processes would cost more than they save
+        workers = max(1, min(workers or os.cpu_count() or 1, len(files)))  # no more processes than files
     return rank_map, DiskStore(scratch), make_executor(executor, workers, scheduler, dask_local)
 
 
