@@ -81,7 +81,9 @@ def child(spec: dict) -> dict:
     from profkit.scale import analyze_paths
 
     import_s = time.perf_counter() - t0
-    options = {"executor": spec["executor"], "workers": spec["workers"]}
+    # the pool gets its worker count explicitly: left to itself it runs small captures in-process
+    workers = spec["workers"] or (os.cpu_count() if spec["executor"] == "pool" else None)
+    options = {"executor": spec["executor"], "workers": workers}
     if spec.get("scheduler"):
         options["scheduler"] = spec["scheduler"]
     elif spec["executor"] == "dask":

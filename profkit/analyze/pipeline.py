@@ -2,6 +2,8 @@
 
 Every rank is first moved onto one clock (``profkit.align``); steps, GPU timelines and causes
 are computed on the aligned events, so cross-rank facts (who waited for whom) are comparable.
+The stages themselves live in ``profkit.scale`` (a map over ranks, a reduce over small tables):
+``analyze`` runs them in memory on a loaded capture.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from profkit import __version__
-from profkit.align import Alignment, apply_alignment, drop_duplicate_spans, estimate
+from profkit.align import Alignment
 from profkit.ingest.loader import Capture
 
 
@@ -44,19 +46,6 @@ def one_host(meta: dict[int, list[dict]]) -> bool:
     """True when every rank names a host and all name the same one: their clocks are one clock."""
     hosts = [{m["host"] for m in parts if m.get("host")} for parts in meta.values()]
     return bool(hosts) and all(hosts) and len(set().union(*hosts)) == 1
-
-
-def align(events: pd.DataFrame, same_clock: bool = False) -> tuple[pd.DataFrame, Alignment | None, list[str]]:
-    """Events on one clock, the alignment, and what the user must know about it."""
-    if events.empty:
-        return events, None, []
-    alignment = estimate(events, same_clock=same_clock)
-    warnings = [f"alignment: {w}" for w in alignment.warnings]
-    aligned, dropped = drop_duplicate_spans(apply_alignment(events, alignment))
-    if dropped:
-        counts = ", ".join(f"rank {r} {src}: {n}" for (r, src), n in sorted(dropped.items()))
-        warnings.append(f"duplicate spans dropped (kept the profkit span file's copy): {counts}")
-    return aligned, alignment, warnings
 
 
 def analyze(capture: Capture, step_pattern: str | None = None, expert_loads: pd.DataFrame | None = None) -> Analysis:

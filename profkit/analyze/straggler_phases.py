@@ -311,7 +311,7 @@ def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         category=("category", "first"), ns=("ns", "sum"))[PHASE_COLUMNS]
 
 
-MAX_BLOCK_ROWS = 500_000  # phase rows per block of windows: bounds the peak memory of DEP32 x 1000 steps
+MAX_BLOCK_ROWS = 200_000  # phase rows per block of windows: bounds the peak memory of DEP32 x 1000 steps
 
 
 def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
@@ -332,7 +332,12 @@ def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray |
     ph = phases[phases["window"].isin(want["window"].unique()) & (phases["ns"] > 0)]
     if not len(ph):
         return _empty(EXCESS_COLUMNS)
-    ph = ph.assign(_p=pd.factorize(ph["phase"])[0])
+    p_codes, p_names = pd.factorize(ph["phase"])
+    c_codes, c_names = pd.factorize(ph["category"], use_na_sentinel=False)
+    ph = pd.DataFrame({"window": ph["window"].to_numpy(np.int64), "rank": ph["rank"].to_numpy(np.int64),
+                       "ns": ph["ns"].to_numpy(np.int64), "_p": p_codes, "_c": c_codes})
+    # names as shared Python objects (8 bytes a row), never one string object per row
+    names = (np.asarray(p_names, dtype=object), np.asarray(c_names, dtype=object))
     want = pd.DataFrame({"window": want["window"].to_numpy(np.int64), "rank": want["rank"].to_numpy(np.int64),
                          "_w": np.arange(len(want), dtype=np.int64)})
     ids, counts = np.unique(ph["window"].to_numpy(np.int64), return_counts=True)
@@ -341,24 +346,30 @@ def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray |
     for b in np.unique(block_of):
         mine = ids[block_of == b]
         parts.append(_excess_block(ph[ph["window"].isin(mine).to_numpy(bool)],
-                                   want[want["window"].isin(mine).to_numpy(bool)], n_of))
+                                   want[want["window"].isin(mine).to_numpy(bool)], n_of, names))
+    # each block is in (_w, _p) order; when the blocks follow each other in _w, so does their concat
+    ends = [(int(p["_w"].iloc[0]), int(p["_w"].iloc[-1])) for p in parts if len(p)]
+    ordered = all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))
+    if ordered:
+        parts = [p[EXCESS_COLUMNS] for p in parts]
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    w = out["_w"].to_numpy(np.int64)
-    if w.size and not (w[1:] >= w[:-1]).all():  # each block is in (_w, _p) order; blocks may interleave
+    del parts
+    if not ordered:
         out = out.sort_values(["_w", "_p"], kind="stable").reset_index(drop=True)
     return out[EXCESS_COLUMNS]
 
 
-def _excess_block(ph: pd.DataFrame, want: pd.DataFrame, n_of: pd.Series) -> pd.DataFrame:
-    """``phase_excess`` of some whole windows (phase codes ``_p`` given; ``_w`` kept for the order)."""
+def _excess_block(ph: pd.DataFrame, want: pd.DataFrame, n_of: pd.Series,
+                  names: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+    """``phase_excess`` of some whole windows (phase and category codes ``_p``, ``_c`` into
+    ``names``; ``_w`` kept for the order)."""
     ph = ph.sort_values(["window", "_p", "ns"], kind="stable").reset_index(drop=True)
     wv, pv = ph["window"].to_numpy(np.int64), ph["_p"].to_numpy(np.int64)
     new = np.r_[True, (wv[1:] != wv[:-1]) | (pv[1:] != pv[:-1])]
     first_of = np.flatnonzero(new)
     gid = np.cumsum(new) - 1
     groups = pd.DataFrame({"gid": np.arange(first_of.size), "window": wv[first_of], "_p": pv[first_of],
-                           "phase": pd.Series(ph["phase"].to_numpy(dtype=object)[first_of], dtype=object),
-                           "category": pd.Series(ph["category"].to_numpy(dtype=object)[first_of], dtype=object),
+                           "_c": ph["_c"].to_numpy(np.int64)[first_of],
                            "first": first_of, "k": np.diff(np.r_[first_of, len(ph)])})
     groups["n"] = groups["window"].map(n_of).to_numpy(np.int64)
     ph["gid"] = gid
@@ -381,8 +392,8 @@ def _excess_block(ph: pd.DataFrame, want: pd.DataFrame, n_of: pd.Series) -> pd.D
     peer = np.where(m > 0, lo + (hi - lo) // 2, 0)
     out = pd.DataFrame({"window": pairs["window"].to_numpy(np.int64), "rank": pairs["rank"].to_numpy(np.int64),
                         # object, not pandas 3's inferred Arrow strings: millions of rows are taken and sorted
-                        "phase": pd.Series(pairs["phase"].to_numpy(dtype=object), dtype=object),
-                        "category": pd.Series(pairs["category"].to_numpy(dtype=object), dtype=object),
+                        "phase": pd.Series(names[0][pairs["_p"].to_numpy(np.int64)], dtype=object),
+                        "category": pd.Series(names[1][pairs["_c"].to_numpy(np.int64)], dtype=object),
                         "ns": own["ns"].fillna(0).to_numpy(np.int64), "peer_ns": peer.astype(np.int64)})
     out["excess_ns"] = out["ns"] - out["peer_ns"]
     out["_w"], out["_p"] = pairs["_w"].to_numpy(np.int64), pairs["_p"].to_numpy(np.int64)

@@ -194,7 +194,8 @@ def rank_window_phases(windows: dict[str, pd.DataFrame], host_pieces: pd.DataFra
 
 
 def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The three tables from the plan and the phase sums of every rank."""
+    """The three tables from the plan and the phase sums of every rank (``phases`` is consumed:
+    its tables are released as soon as they are used)."""
     arrivals, report, steps, extents = plan.arrivals, plan.report, plan.steps, plan.extents
     if not plan.measured or phases is None:
         per_rank = _per_rank(plan.ranks, arrivals, steps, extents, _empty_excess(), {})
@@ -206,7 +207,9 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     # its GPU set, its GPU's work since the previous collective; against the same on the peers
     host_w, gpu_w = plan.host_w, plan.gpu_w
     host_x = ph_mod.causes_only(ph_mod.phase_excess(phases.host, host_w, explain & ~gated))
+    phases.host = None  # consumed: at DEP32 x 1000 steps each table is millions of rows
     gpu_x = ph_mod.phase_excess(phases.gpu, gpu_w)  # every GPU window
+    phases.gpu = None
     wanted = arrivals.loc[explain & gated, ["instance", "rank"]]
     if len(wanted):
         span = int(max(arrivals["rank"].max(), gpu_x["rank"].max() if len(gpu_x) else 0)) + 1
@@ -219,6 +222,7 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
     acc_step = dict(plan.acc_step)
     acc_x = ph_mod.causes_only(ph_mod.phase_excess(phases.acc, plan.acc_w))
+    phases.acc = None
     acc_x = pd.concat([acc_x[acc_x["category"] != ph_mod.GPU_CATEGORY], gpu_x], ignore_index=True)
     acc_step.update(_instance_steps(arrivals).to_dict())
     per_rank = _per_rank(plan.ranks, arrivals, steps, extents, acc_x, report)

@@ -1,8 +1,8 @@
 """The driver: plan the tasks, run them on an executor, reduce the small tables into an Analysis.
 
-The driver holds part descriptors, per-rank results (steps, charged intervals, collective
-candidates: small next to the events) and the cross-rank tables; never a rank's events, unless
-the in-memory path (``analyze_capture``) already holds them all.
+The driver holds part descriptors, per-rank results (steps, collective candidates, cause
+summaries, phase sums in the straggler windows: small next to the events) and the cross-rank
+tables; never a rank's events, unless the in-memory path (``analyze_capture``) already holds them.
 """
 from __future__ import annotations
 
@@ -198,6 +198,12 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
             store.drop(k)
     clocks = [p.clock for p in prep if p.clock is not None]
     alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if clocks else None
+    del clocks
+    for p in prep:  # the candidates were matched: the driver keeps only what the next stages need
+        p.clock = None
+    if alignment is not None and not keep_aligned:
+        alignment.instances = None  # the raw-clock instances; the aligned ones are matched again below
+    _trim()
     warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
     chosen = choose_step_marker([p.markers for p in prep], step_pattern)
     say(f"aligned {len(ranks)} rank(s); analyzing each rank")
@@ -228,7 +234,10 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     windows = _concat([r.windows for r in rr], None)
     extents = _concat([r.extents for r in rr], None)
     cands = [r.candidates for r in rr if len(r.candidates)]
+    for r in rr:
+        r.candidates = None
     instances = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
+    del cands
     matched = match_instances(instances) if len(instances) else None
     arrivals = None
     if matched is not None:
@@ -251,7 +260,11 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
                   for r in ranks], labels)
     stats += [f.stats for f in fin]
     phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
+    for f in fin:
+        f.phases = None
+    _trim()
     per_rank, per_instance, lateness = finish_stragglers(plan, phases)
+    del phases
     causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
     cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
     episodes = straggler_episodes(lateness, per_rank, cause_steps)
@@ -285,6 +298,17 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         warnings=warnings,
         run_stats=stages.stats_frame(stats),
     )
+
+
+def _trim() -> None:
+    """Give freed memory back to the OS between stages (glibc keeps it otherwise, and the next
+    stage's peak stacks on top): the driver's peak is what the benchmark and the user see."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _concat(frames: list[pd.DataFrame], empty: pd.DataFrame | None) -> pd.DataFrame | None:
