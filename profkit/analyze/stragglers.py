@@ -217,7 +217,7 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
         pick = np.isin(key, wanted["instance"].to_numpy(np.int64) * span + wanted["rank"].to_numpy(np.int64))
         why = pd.concat([host_x, ph_mod.causes_only(gpu_x[pick])], ignore_index=True)
     else:
-        why = pd.concat([host_x, host_x.iloc[:0]], ignore_index=True)
+        why = host_x.reset_index(drop=True)
     # what each rank spent beyond its peers, each instant counted once: its host timeline cut at
     # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
     acc_step = dict(plan.acc_step)

@@ -80,20 +80,13 @@ def analyze_and_report(paths, out, step_pattern, rank_specs, quiet, expert_loads
         except (ScaleError, ValueError, OSError) as exc:
             print(f"profkit: {exc}", file=sys.stderr)
             return 1
-        capture = analysis.capture
-        for line in capture.skipped:
-            print(f"profkit: skipped {line}", file=sys.stderr)
-        if capture.parts.empty:
-            print("profkit: nothing could be analyzed", file=sys.stderr)
-            return 1
     else:
-        capture = load(*paths, rank_map=rank_map, progress=progress)
-        for line in capture.skipped:
-            print(f"profkit: skipped {line}", file=sys.stderr)
-        if capture.parts.empty:
-            print("profkit: nothing could be analyzed", file=sys.stderr)
-            return 1
-        analysis = analyze(capture, step_pattern, expert_loads=loads)
+        analysis = analyze(load(*paths, rank_map=rank_map, progress=progress), step_pattern, expert_loads=loads)
+    for line in analysis.capture.skipped:
+        print(f"profkit: skipped {line}", file=sys.stderr)
+    if analysis.capture.parts.empty:
+        print("profkit: nothing could be analyzed", file=sys.stderr)
+        return 1
     if not quiet:
         print(render_summary(analysis))
     if out:

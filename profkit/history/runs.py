@@ -168,10 +168,6 @@ def run_from_analysis(analysis, label: str, source: str = "") -> RunData:
 
     steps = analysis.steps[STEP_SAMPLE_COLUMNS].astype("int64").reset_index(drop=True)
     cause_steps = getattr(analysis, "cause_steps", None)
-    if cause_steps is None and isinstance(getattr(analysis, "charged", None), pd.DataFrame):
-        from profkit.analyze.compare import cause_step_table
-
-        cause_steps = cause_step_table(analysis.charged)
     if cause_steps is None:
         cause_steps = cause_step_samples(analysis.events, analysis.steps)
     stragglers = getattr(analysis, "stragglers", None)

@@ -295,6 +295,12 @@ def part_gpu_events(part) -> int:
     return _gpu_event_count(part.table)
 
 
+def part_n_events(part) -> int:
+    if getattr(part, "table", None) is None:
+        return int(part.n_events)
+    return part.table.num_rows
+
+
 def part_pids(part) -> set[int]:
     if getattr(part, "table", None) is None:
         return set(part.pids)
@@ -316,32 +322,30 @@ def _gpu_event_count(table: pa.Table) -> int:
     return int(pc.sum(pc.is_in(table["kind"], value_set=pa.array(schema.GPU_KINDS))).as_py() or 0)
 
 
-def _assemble(parts: list[RankPart], skipped: list[str], warnings: list[str]) -> Capture:
+def describe_parts(parts: list, warnings: list[str]) -> tuple[pd.DataFrame, dict[int, list[dict]]]:
+    """Which part became which rank (``Capture.parts``) and each rank's parts' meta; appends the
+    warnings for parts without events and ranks without GPU events. ``parts``: ``RankPart`` s or
+    the scale path's descriptors (``part_gpu_events`` / ``part_n_events`` read either)."""
     gpu_by_rank: dict[int, int] = {}
     for p in parts:
-        gpu_by_rank[p.rank] = gpu_by_rank.get(p.rank, 0) + _gpu_event_count(p.table)
-        if p.table.num_rows == 0:
+        gpu_by_rank[p.rank] = gpu_by_rank.get(p.rank, 0) + part_gpu_events(p)
+        if part_n_events(p) == 0:
             warnings.append(f"{p.label}: no events (rank {p.rank})")
     for rank, n_gpu in sorted(gpu_by_rank.items()):
         if n_gpu == 0:
             files = ", ".join(p.label for p in parts if p.rank == rank)
             warnings.append(f"{files}: no GPU events (rank {rank}): host-side facts only, no GPU timeline")
-    tables = [cache.table_with_rank(p.table, p.rank) for p in parts]
-    table = pa.concat_tables(tables) if tables else schema.ARROW_SCHEMA.empty_table()
-    events = schema.to_frame(table)
-    rows = [
-        {
-            "rank": p.rank,
-            "source": p.source,
-            "path": p.path,
-            "key": p.key,
-            "rank_origin": p.rank_origin,
-            "n_events": p.table.num_rows,
-        }
-        for p in parts
-    ]
+    rows = [{"rank": p.rank, "source": p.source, "path": p.path, "key": p.key, "rank_origin": p.rank_origin,
+             "n_events": part_n_events(p)} for p in parts]
     parts_df = pd.DataFrame(rows, columns=["rank", "source", "path", "key", "rank_origin", "n_events"])
     meta: dict[int, list[dict]] = {}
     for p in parts:
         meta.setdefault(int(p.rank), []).append({"path": p.path, "source": p.source, "key": p.key, **p.meta})
-    return Capture(events=events, parts=parts_df, meta=meta, skipped=skipped, warnings=warnings)
+    return parts_df, meta
+
+
+def _assemble(parts: list[RankPart], skipped: list[str], warnings: list[str]) -> Capture:
+    parts_df, meta = describe_parts(parts, warnings)
+    tables = [cache.table_with_rank(p.table, p.rank) for p in parts]
+    table = pa.concat_tables(tables) if tables else schema.ARROW_SCHEMA.empty_table()
+    return Capture(events=schema.to_frame(table), parts=parts_df, meta=meta, skipped=skipped, warnings=warnings)

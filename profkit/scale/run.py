@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-import numpy as np
 import pandas as pd
 
 from profkit import schema
+from profkit.align import Alignment
 from profkit.align.estimate import estimate_from_ranks
 from profkit.analyze import overhead
 from profkit.analyze.balance import dp_imbalance, ep_balance
@@ -25,7 +25,7 @@ from profkit.analyze.steps import choose_step_marker
 from profkit.analyze.straggler_episodes import straggler_episodes
 from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
 from profkit.analyze.summary import rank_summary
-from profkit.ingest.loader import Capture, RankMap, discover, resolve_ranks
+from profkit.ingest.loader import Capture, RankMap, describe_parts, discover, resolve_ranks
 from profkit.scale import stages
 from profkit.scale.executors import SerialExecutor, make_executor
 from profkit.scale.store import DiskStore, MemoryStore
@@ -34,9 +34,8 @@ from profkit.scale.store import DiskStore, MemoryStore
 SMALL_CAPTURE_BYTES = 64 << 20  # below this, the default pool runs in-process (unless --workers is given)
 
 
-def _read(paths, rank_map, store, ex, say) -> tuple[Capture, dict[int, list[str]], list]:
+def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say) -> tuple[Capture, dict[int, list[str]], list]:
     """Map over files: read each (cache), resolve ranks over the part descriptors."""
-    files, skipped = discover(paths)
     say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
     read = ex.map(stages.read_file_task,
                   [(i, str(f), rank_map.pids_for_file(f) or None, store) for i, f in enumerate(files)],
@@ -57,16 +56,17 @@ def _read(paths, rank_map, store, ex, say) -> tuple[Capture, dict[int, list[str]
 
 
 def _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch):
+    """The files (and the inputs already skipped), the rank map, the store and the executor."""
     if isinstance(rank_map, dict):
         rank_map = RankMap(by_file=dict(rank_map))
     rank_map = rank_map or RankMap()
+    files, skipped = discover(paths)
     if executor == "pool" and not (scheduler or dask_local):
-        files = discover(paths)[0]
         small = sum(f.stat().st_size for f in files) < SMALL_CAPTURE_BYTES
         if len(files) < 2 or (workers is None and small):
             executor = "serial"  # starting worker processes would cost more than they save
         workers = max(1, min(workers or os.cpu_count() or 1, len(files)))  # no more processes than files
-    return rank_map, DiskStore(scratch), make_executor(executor, workers, scheduler, dask_local)
+    return files, skipped, rank_map, DiskStore(scratch), make_executor(executor, workers, scheduler, dask_local)
 
 
 def analyze_paths(
@@ -92,9 +92,9 @@ def analyze_paths(
     paths = list(paths)
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
-    rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
+    files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
     try:
-        capture, keys, stats = _read(paths, rank_map, store, ex, say)
+        capture, keys, stats = _read(files, skipped, rank_map, store, ex, say)
         analysis = run_stages(capture, keys, store, ex, step_pattern, expert_loads, keep_aligned=keep_aligned,
                               stats=stats, progress=say)
     finally:
@@ -144,20 +144,16 @@ def merge_paths(
 
     paths = list(paths)
     say = progress or (lambda msg: None)
-    rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
+    files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
     try:
-        capture, keys, _ = _read(paths, rank_map, store, ex, say)
+        capture, keys, _ = _read(files, skipped, rank_map, store, ex, say)
         if not keys:
             return None, capture
-        ranks = sorted(keys)
-        prep = ex.map(stages.prepare_task, [(r, keys[r], store, None) for r in ranks], [f"rank {r}" for r in ranks])
-        ex.close()
-        alignment = None
-        clocks = [p.clock for p in prep if p.clock is not None]
-        if align and clocks:
-            alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta))
-        result = merge_ranks(StoreSource(store, capture, [r for r in ranks if prep[ranks.index(r)].n_events]),
-                             out_path, alignment=alignment, progress=progress, **merge_options)
+        prep, alignment = _prepare(capture, keys, store, ex, None, align=align)
+        ex.close()  # the merge itself runs here, one rank at a time: the workers are done
+        with_events = [p.rank for p in prep if p.n_events]
+        result = merge_ranks(StoreSource(store, capture, with_events), out_path, alignment=alignment,
+                             progress=progress, **merge_options)
         if not align:
             result.notes = [NOT_ALIGNED.format(why="alignment was switched off")
                             if n.startswith("clocks not aligned") else n for n in result.notes]
@@ -183,6 +179,25 @@ def analyze_capture(capture: Capture, step_pattern: str | None = None,
     return analysis
 
 
+def _prepare(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
+             align: bool = True) -> tuple[list, Alignment | None]:
+    """Map 1 (each rank's events joined in the store, its clock facts) and the alignment over
+    them (None: not asked for, or no rank has events). The parts and the matched candidates are
+    released: the driver keeps only what the next stages need."""
+    ranks = sorted(keys)
+    prep = ex.map(stages.prepare_task, [(r, keys[r], store, step_pattern) for r in ranks],
+                  [f"rank {r}" for r in ranks])
+    for part_keys in keys.values():
+        for k in part_keys:
+            store.drop(k)
+    clocks = [p.clock for p in prep if p.clock is not None]
+    alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if align and clocks else None
+    del clocks
+    for p in prep:
+        p.clock = None
+    return prep, alignment
+
+
 def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
                expert_loads: pd.DataFrame | None, keep_aligned: bool = False, stats: list | None = None,
                progress: Callable[[str], None] | None = None) -> Analysis:
@@ -191,16 +206,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     ranks = sorted(keys)
     labels = [f"rank {r}" for r in ranks]
     # map 1 + reduce: clocks and the step marker
-    prep = ex.map(stages.prepare_task, [(r, keys[r], store, step_pattern) for r in ranks], labels)
+    prep, alignment = _prepare(capture, keys, store, ex, step_pattern)
     stats += [p.stats for p in prep]
-    for part_keys in keys.values():
-        for k in part_keys:
-            store.drop(k)
-    clocks = [p.clock for p in prep if p.clock is not None]
-    alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if clocks else None
-    del clocks
-    for p in prep:  # the candidates were matched: the driver keeps only what the next stages need
-        p.clock = None
     if alignment is not None and not keep_aligned:
         alignment.instances = None  # the raw-clock instances; the aligned ones are matched again below
     _trim()
@@ -329,20 +336,6 @@ def _with_tokens(steps: pd.DataFrame, tokens: pd.DataFrame | None) -> pd.DataFra
 
 def _capture_of(parts: list, skipped: list[str], warnings: list[str]) -> Capture:
     """A Capture without events: which part became which rank, their meta, what was skipped."""
-    gpu_by_rank: dict[int, int] = {}
-    for p in parts:
-        gpu_by_rank[p.rank] = gpu_by_rank.get(p.rank, 0) + p.gpu_events
-        if p.n_events == 0:
-            warnings.append(f"{p.label}: no events (rank {p.rank})")
-    for rank, n_gpu in sorted(gpu_by_rank.items()):
-        if n_gpu == 0:
-            files = ", ".join(p.label for p in parts if p.rank == rank)
-            warnings.append(f"{files}: no GPU events (rank {rank}): host-side facts only, no GPU timeline")
-    rows = [{"rank": p.rank, "source": p.source, "path": p.path, "key": p.key, "rank_origin": p.rank_origin,
-             "n_events": p.n_events} for p in parts]
-    parts_df = pd.DataFrame(rows, columns=["rank", "source", "path", "key", "rank_origin", "n_events"])
-    meta: dict[int, list[dict]] = {}
-    for p in parts:
-        meta.setdefault(int(p.rank), []).append({"path": p.path, "source": p.source, "key": p.key, **p.meta})
+    parts_df, meta = describe_parts(parts, warnings)
     return Capture(events=schema.empty_frame(), parts=parts_df, meta=meta, skipped=skipped, warnings=warnings,
-                   n_events=int(np.sum([p.n_events for p in parts])) if parts else 0)
+                   n_events=int(sum(p.n_events for p in parts)))

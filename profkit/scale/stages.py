@@ -126,7 +126,7 @@ class FileResult:
 
 def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, store) -> FileResult:
     """Read one trace file (through the Parquet cache) and keep each part's table in the store."""
-    from profkit.ingest.loader import _gpu_event_count, _pids, read_file
+    from profkit.ingest.loader import part_gpu_events, part_pids, read_file
 
     t0 = time.perf_counter()
     _maybe_die("read", index)
@@ -148,7 +148,7 @@ def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, st
         n += part.table.num_rows
         out.parts.append(PartInfo(path=part.path, source=part.source, rank=part.rank, rank_origin=part.rank_origin,
                                   key=part.key, meta=part.meta, warnings=list(part.warnings),
-                                  gpu_events=_gpu_event_count(part.table), pids=_pids(part.table),
+                                  gpu_events=part_gpu_events(part), pids=part_pids(part),
                                   n_events=part.table.num_rows, store_key=key))
     out.stats = _stats("read", None, t0, n)
     return out
