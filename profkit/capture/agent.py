@@ -74,13 +74,30 @@ def _status() -> ProcessStatus | None:
     return status if status is not None and status.pid == os.getpid() else None
 
 
+def hook_facts() -> dict[str, Any]:
+    """Which hook targets this process patched and how often each fired (for the manifest), and
+    which vLLM table it chose. Empty when profkit is not active here."""
+    try:
+        from profkit.instrument import autostart
+        from profkit.instrument.hooksets import vllm as vllm_set
+
+        if not autostart._active:
+            return {}
+        facts: dict[str, Any] = {"hooks": autostart._active[0].report()}
+        if vllm_set.CHOSEN.get("version"):  # vLLM is installed here: which table served it
+            facts["vllm_table"] = dict(vllm_set.CHOSEN)
+        return facts
+    except Exception as exc:  # noqa: BLE001 - the status file must still be written
+        return {"hooks_error": repr(exc)[:300]}
+
+
 def _at_exit() -> None:
     status = _status()
     if status is None:
         return
     how = "exception" if status.data["how"] == "exception" else "exit"
     status.update(how=how, code=status.data["code"] if status.data["code"] is not None else 0,
-                  end_wall_ns=time.time_ns(), end_mono_ns=time.monotonic_ns())
+                  end_wall_ns=time.time_ns(), end_mono_ns=time.monotonic_ns(), **hook_facts())
 
 
 def _wrap_sys_exit() -> None:
@@ -112,7 +129,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     status = _status()
     if status is not None:
         status.update(how="signal", signals=[*status.data["signals"], signal.Signals(signum).name],
-                      end_wall_ns=time.time_ns())
+                      end_wall_ns=time.time_ns(), **hook_facts())
     previous = _state["previous"].get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)

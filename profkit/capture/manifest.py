@@ -89,7 +89,72 @@ def process_record(state: SpanFileState, status: dict[str, Any] | None, out_dir:
     if status is not None:
         record.update(exit_code=status.get("code"), signals=status.get("signals") or [],
                       start_wall_ns=status.get("start_wall_ns"), end_wall_ns=status.get("end_wall_ns"))
+        hooks = process_hooks(status)
+        if hooks:
+            record["hooks"] = hooks
     return record
+
+
+def process_hooks(status: dict[str, Any]) -> dict[str, Any]:
+    """One process's hooks, from its status record: ``fired`` (target -> calls), ``never_fired``
+    (patched, 0 calls), ``unresolved`` (target -> why), how many targets it never imported, and
+    the vLLM table it chose. Empty when the process wrote no hook facts."""
+    report = status.get("hooks")
+    if not isinstance(report, dict):
+        return {}
+    fired: dict[str, int] = {}
+    never: list[str] = []
+    unresolved: dict[str, str] = {}
+    not_imported = 0
+    for target, facts in report.items():
+        state, calls = str(facts.get("status")), int(facts.get("calls") or 0)
+        if state == "patched":
+            if calls:
+                fired[target] = calls
+            else:
+                never.append(target)
+        elif state.startswith("missing"):
+            unresolved[target] = state
+        else:
+            not_imported += 1
+    out: dict[str, Any] = {"fired": fired, "never_fired": sorted(never), "unresolved": unresolved,
+                           "not_imported": not_imported}
+    table = status.get("vllm_table") or {}
+    if table.get("table"):
+        out["vllm_table"] = table
+    return out
+
+
+def hook_summary(statuses: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """All processes together, per target that any process patched or failed to resolve:
+    total calls, how many processes patched it, and ``fired`` / ``never fired`` / ``unresolved``
+    (unresolved only where no process patched it). ``never_fired`` and ``unresolved`` list targets."""
+    targets: dict[str, dict[str, Any]] = {}
+    tables: set[str] = set()
+    for _pid, status in sorted(statuses.items()):
+        hooks = process_hooks(status)
+        if not hooks:
+            continue
+        if hooks.get("vllm_table"):
+            tables.add(str(hooks["vllm_table"].get("table")))
+        for target, calls in hooks["fired"].items():
+            entry = targets.setdefault(target, {"calls": 0, "processes": 0, "unresolved": None})
+            entry["calls"] += calls
+            entry["processes"] += 1
+        for target in hooks["never_fired"]:
+            targets.setdefault(target, {"calls": 0, "processes": 0, "unresolved": None})["processes"] += 1
+        for target, why in hooks["unresolved"].items():
+            targets.setdefault(target, {"calls": 0, "processes": 0, "unresolved": None})["unresolved"] = why
+    for entry in targets.values():
+        entry["state"] = ("fired" if entry["calls"] else "never fired" if entry["processes"] else "unresolved")
+        if entry["state"] != "unresolved":
+            entry.pop("unresolved")
+    return {
+        "vllm_tables": sorted(tables),
+        "targets": targets,
+        "never_fired": sorted(t for t, e in targets.items() if e["state"] == "never fired"),
+        "unresolved": sorted(t for t, e in targets.items() if e["state"] == "unresolved"),
+    }
 
 
 def rank_records(scan: SpanScan, statuses: dict[int, dict[str, Any]], out_dir: Path, run_ok: bool,

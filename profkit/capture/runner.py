@@ -277,6 +277,7 @@ def finish(opts: CaptureOptions, the_plan: Plan, out: Path, scan: SpanScan, prog
         "ranks": ranks, "incomplete_ranks": [r["rank"] for r in ranks if not r["complete"]],
         "failed_ranks": [r["rank"] for r in ranks if r["failed"]],
         "unranked_processes": unranked,
+        "hooks": mf.hook_summary(statuses),
         "other_processes": mf.other_processes(statuses, {p for r in ranks for p in r["pids"]}
                                               | {p["pid"] for p in unranked}),
         "subreaper": subreaper, "notes": the_plan.notes,
@@ -299,4 +300,14 @@ def summarize(progress: Progress, out: Path, manifest: dict[str, Any], path: Pat
         progress.say(f"  rank {rank['rank']}: {rank['steps_seen']} steps, pids {rank['pids']}, {state}{why}")
     if not ranks:
         progress.say("no rank wrote spans: was the command a Python program that reached a hooked function?")
+    hooks = manifest.get("hooks") or {}
+    if hooks.get("targets"):
+        fired = sum(1 for e in hooks["targets"].values() if e["state"] == "fired")
+        tables = f" (vLLM table {', '.join(hooks['vllm_tables'])})" if hooks.get("vllm_tables") else ""
+        progress.say(f"hooks{tables}: {fired} fired, {len(hooks['never_fired'])} resolved but never fired, "
+                     f"{len(hooks['unresolved'])} did not resolve")
+        if hooks["never_fired"]:
+            progress.say("  never fired: " + ", ".join(hooks["never_fired"]))
+        if hooks["unresolved"]:
+            progress.say("  did not resolve: " + ", ".join(hooks["unresolved"]))
     progress.say(f"manifest: {path}; next: profkit analyze {out}")

@@ -316,6 +316,19 @@ class Hooks:
         return {s.target: "patched" if s.target in patched else self.problems.get(s.target, "waiting for import")
                 for s in self.specs}
 
+    def report(self) -> dict[str, dict[str, Any]]:
+        """Per target: span name, status (``patched`` / ``not imported`` / ``missing: ...``) and
+        ``calls`` (calls through this process's patches; 0 for a target that never fired)."""
+        calls: dict[str, int] = {}
+        for patch in self.patches:
+            counter = getattr(_unwrap_method(patch.installed), "__profkit_calls__", None)
+            calls[patch.spec.target] = calls.get(patch.spec.target, 0) + (counter[0] if counter else 0)
+        out: dict[str, dict[str, Any]] = {}
+        for spec, (target, state) in zip(self.specs, self.status().items()):
+            state = "not imported" if state == "waiting for import" else state
+            out[target] = {"span": spec.name, "status": state, "calls": calls.get(target, 0)}
+        return out
+
     def _on_import(self, module: types.ModuleType) -> None:
         with self._lock:
             for spec in self._by_module.get(module.__name__, ()):
@@ -362,6 +375,10 @@ class Hooks:
     def _missing(self, spec: HookSpec, reason: str) -> None:
         self.problems[spec.target] = f"missing: {reason}"
         _warn_once(spec, reason)
+
+
+def _unwrap_method(installed: Any) -> Any:
+    return installed.__func__ if isinstance(installed, (staticmethod, classmethod)) else installed
 
 
 def _class_attr(cls: type, attr: str) -> tuple[Any, bool]:

@@ -51,20 +51,24 @@ def wrap(fn: Callable, name: str, category: str = "profkit", pre: PreHook | None
     """A wrapper of ``fn`` that records each call as span ``name``; ``functools.wraps``-preserving.
 
     Generator functions are refused (a span would time only the creation of the generator).
+    ``wrapper.__profkit_calls__[0]`` counts the calls (a capture's manifest says which hooks fired;
+    one list-item increment, a few ns, and not atomic across threads: a count, not a ledger).
     """
     if is_generator_function(fn):
         raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} is a generator function: not hooked")
     nid, cid, attr = span_ids(name, category)
     ranges = nvtx_ranges.ranges() if attr is not None else None
     cur = CURRENT
+    calls = [0]
     if is_coroutine_function(fn):
-        wrapper: Callable = _async_wrapper(fn, nid, cid, attr, ranges, pre, cur)
+        wrapper: Callable = _async_wrapper(fn, nid, cid, attr, ranges, pre, cur, calls)
     elif pre is not None:
-        wrapper = _sync_wrapper_pre(fn, nid, cid, attr, ranges, pre, cur)
+        wrapper = _sync_wrapper_pre(fn, nid, cid, attr, ranges, pre, cur, calls)
     elif ranges is not None:
         push, pop = ranges.push, ranges.pop
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
             push(attr)
             t0 = now_ns()
             try:
@@ -76,6 +80,7 @@ def wrap(fn: Callable, name: str, category: str = "profkit", pre: PreHook | None
     else:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
             t0 = now_ns()
             try:
                 return fn(*args, **kwargs)
@@ -84,14 +89,16 @@ def wrap(fn: Callable, name: str, category: str = "profkit", pre: PreHook | None
 
     functools.update_wrapper(wrapper, fn)
     wrapper.__profkit_span__ = (name, category)  # type: ignore[attr-defined]
+    wrapper.__profkit_calls__ = calls  # type: ignore[attr-defined]
     return wrapper
 
 
-def _sync_wrapper_pre(fn, nid, cid, attr, ranges, pre, cur) -> Callable:
+def _sync_wrapper_pre(fn, nid, cid, attr, ranges, pre, cur, calls) -> Callable:
     push = ranges.push if ranges is not None else None
     pop = ranges.pop if ranges is not None else None
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
         pre(args, kwargs)
         if push is not None:
             push(attr)
@@ -107,11 +114,12 @@ def _sync_wrapper_pre(fn, nid, cid, attr, ranges, pre, cur) -> Callable:
     return wrapper
 
 
-def _async_wrapper(fn, nid, cid, attr, ranges, pre, cur) -> Callable:
+def _async_wrapper(fn, nid, cid, attr, ranges, pre, cur, calls) -> Callable:
     start = ranges.start if ranges is not None else None
     end = ranges.end if ranges is not None else None
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
         if pre is not None:
             pre(args, kwargs)
         range_id = start(attr) if start is not None else None

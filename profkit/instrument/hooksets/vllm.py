@@ -1,13 +1,17 @@
-"""Hooks for vLLM, one table per release (targets read from the vllm 0.33.0 wheel's source).
+"""Hooks for vLLM, one table per release: 0.33 read from the vllm 0.33.0 wheel's source, 0.26 from
+the vllm 0.26.0 wheel (the release the lent H200 machine runs).
 
 Span names are the qualnames (``EngineCore.step`` is profkit's step marker). Use-site patches
 (``module:function`` where the module imported the function by name) are listed beside the
 definitions: patching only the definition would not time those calls. ``tests/test_vllm_hooks.py``
-checks every target against the wheel's source.
+checks every table against its wheel's source. A release without a table gets the nearest one and
+a warning; targets that then do not resolve warn one by one (``HookWarning``) and are listed in the
+capture's manifest, as are the targets that resolved but never fired.
 """
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 from ..hooks import HookSpec
@@ -98,23 +102,56 @@ VLLM_033: dict[str, tuple[str, str]] = {
     **_methods("vllm.v1.metrics.loggers:StatLoggerManager", "stats", "record"),
 }
 
-#: tables by the vLLM release they were read from (newest last)
-TABLES: dict[tuple[int, int], dict[str, tuple[str, str]]] = {(0, 33): VLLM_033}
+#: 0.33 targets that do not exist in 0.26.0: the DP syncs call torch.distributed.all_reduce directly
+#: (no ``cpu_all_reduce_`` helper), the V2 runner has no ``gather_batch_req_state``, and the V2
+#: speculators below are not there yet
+NOT_IN_026 = frozenset({
+    "vllm.distributed.utils:cpu_all_reduce_",
+    "vllm.config.parallel:cpu_all_reduce_",
+    "vllm.distributed.parallel_state:cpu_all_reduce_",
+    f"{RUNNER_V2}:GPUModelRunner.gather_batch_req_state",
+    "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator:dispatch_cg_and_sync_dp",
+    "vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator:dispatch_cg_and_sync_dp",
+})
+VLLM_026: dict[str, tuple[str, str]] = {t: v for t, v in VLLM_033.items() if t not in NOT_IN_026}
+
+#: tables by the vLLM release they were read from (oldest first)
+TABLES: dict[tuple[int, int], dict[str, tuple[str, str]]] = {(0, 26): VLLM_026, (0, 33): VLLM_033}
 
 #: worker calls that count steps (torch step windows): a DP rank with no work runs a dummy batch
 STEP_TARGETS = (f"{WORKER}:Worker.execute_model", f"{WORKER}:Worker.execute_dummy_batch")
 
 
-def table_for(version: str | None) -> dict[str, tuple[str, str]]:
-    """The newest table not newer than ``version`` (the oldest one for older or unknown versions)."""
+def table_key(version: str | None) -> tuple[int, int]:
+    """The release whose table serves ``version``: its own, else the nearest (ties: the newer);
+    the newest for an unparsable or unknown (None) version."""
     wanted = _parse(version)
-    chosen = min(TABLES)
-    for key in sorted(TABLES):
-        if wanted is not None and key <= wanted:
-            chosen = key
-    if wanted is not None and wanted > max(TABLES):
-        chosen = max(TABLES)
-    return TABLES[chosen]
+    if wanted is None:
+        return max(TABLES)
+    if wanted in TABLES:
+        return wanted
+    return min(TABLES, key=lambda key: (abs((key[0] - wanted[0]) * 1000 + key[1] - wanted[1]), -key[1]))
+
+
+def table_for(version: str | None) -> dict[str, tuple[str, str]]:
+    """The hook table for ``version`` (see ``table_key``)."""
+    return TABLES[table_key(version)]
+
+
+class VersionWarning(RuntimeWarning):
+    """The installed vLLM has no hook table of its own."""
+
+
+def describe_choice(version: str | None) -> tuple[str, str | None]:
+    """(``"0.26"``, warning text or None) for the installed ``version``."""
+    key = table_key(version)
+    label = f"{key[0]}.{key[1]}"
+    if _parse(version) == key:
+        return label, None
+    known = ", ".join(f"{k[0]}.{k[1]}" for k in sorted(TABLES))
+    return label, (f"profkit: no vLLM hook table for vllm {version or '(version unknown)'} (tables: {known}); "
+                   f"using {label}'s. Targets that do not resolve warn one by one and are listed in the "
+                   f"capture manifest's hooks section.")
 
 
 def _parse(version: str | None) -> tuple[int, int] | None:
@@ -164,4 +201,14 @@ LEARNERS = {
 
 
 def specs(version: str | None = None) -> list[HookSpec]:
-    return table_specs(table_for(version or _installed_version()), LEARNERS)
+    """Hook specs for ``version`` (default: the installed vLLM, which is not imported for this)."""
+    version = version or _installed_version()
+    label, warning = describe_choice(version)
+    CHOSEN.update(version=version, table=label)
+    if warning and version is not None:
+        warnings.warn(warning, VersionWarning, stacklevel=2)
+    return table_specs(table_for(version), LEARNERS)
+
+
+#: which table this process chose (for the capture manifest)
+CHOSEN: dict[str, str | None] = {"version": None, "table": None}
