@@ -67,10 +67,10 @@ capture() {  # capture NAME [profkit capture flags] -- [workload args]
   local dir=$WORK/$name flags=()
   while [ "$1" != "--" ]; do flags+=("$1"); shift; done; shift
   if [ "$SECONDS" -gt "${TIME_LEFT_S:-480}" ]; then echo "SKIPPED: $name (${SECONDS} s used)"; return; fi
-  mkdir -p "$dir"
+  mkdir -p "$dir/truth"
   local t0=$SECONDS
   VLLM_WORKLOAD_TRUTH_DIR=$dir/truth timeout 200 "${RUN[@]}" python3 -m profkit.cli.capture -o "$dir" "${flags[@]}" -- \
-    python3 scripts/vllm_workload.py --prompts "$PROMPTS" --max-tokens "$TOKENS" --timings "$dir/timings.json" "$@" \
+    python3 scripts/vllm_workload.py --prompts "$PROMPTS" --max-tokens "$TOKENS" --timings "$dir/truth/workload.timings.json" "$@" \
     || { echo "FAILED: $name"; FAILED=$((FAILED + 1)); }
   echo "$name took $((SECONDS - t0)) s"
   find "$dir" -maxdepth 2 | head -30
@@ -82,10 +82,10 @@ native() {  # native NAME [workload args]: vLLM's own torch profiler, no profkit
   wanted "$name" || return 0
   local dir=$WORK/$name
   if [ "$SECONDS" -gt "${TIME_LEFT_S:-480}" ]; then echo "SKIPPED: $name (${SECONDS} s used)"; return; fi
-  mkdir -p "$dir"
+  mkdir -p "$dir/truth"
   local t0=$SECONDS
   VLLM_WORKLOAD_TRUTH_DIR=$dir/truth timeout 200 "${RUN[@]}" python3 scripts/vllm_workload.py \
-    --prompts "$PROMPTS" --max-tokens "$TOKENS" --timings "$dir/timings.json" \
+    --prompts "$PROMPTS" --max-tokens "$TOKENS" --timings "$dir/truth/workload.timings.json" \
     --native-profile "$dir/trace" --native-steps "${NATIVE_STEPS:-150:210}" "$@" \
     || { echo "FAILED: $name"; FAILED=$((FAILED + 1)); }
   echo "$name took $((SECONDS - t0)) s"
