@@ -181,6 +181,22 @@ def test_manifest_describes_the_capture(gc_capture):
     assert launcher and launcher[0]["end"] == "clean"
 
 
+def test_manifest_says_which_hooks_fired(gc_capture):
+    """Per process and in sum: the engine's step targets fired once per step in each rank, the
+    engine's executor RPC targets (never called in this single-process-per-rank mode) resolved but
+    never fired, and nothing failed to resolve."""
+    m = manifest(gc_capture)
+    hooks = m["hooks"]
+    step = hooks["targets"]["profkit.engine.core:EngineCore.step"]
+    assert step["state"] == "fired" and step["calls"] == sum(r["steps_seen"] for r in m["ranks"])
+    assert "profkit.engine.core:MultiprocExecutor.execute_model" in hooks["never_fired"]
+    assert hooks["unresolved"] == [] and hooks["vllm_tables"] == []  # no vLLM installed here
+    for r in m["ranks"]:
+        (proc,) = r["processes"]
+        assert proc["hooks"]["fired"]["profkit.engine.scheduler:Scheduler.schedule"] == r["steps_seen"]
+        assert "profkit.engine.core:MultiprocExecutor.execute_model" in proc["hooks"]["never_fired"]
+
+
 # -- torch.profiler window and py-spy, vLLM's process split -------------------------------------------
 @pytest.fixture(scope="module")
 def torch_pyspy_capture(tmp_path_factory) -> Path:

@@ -1,6 +1,7 @@
-"""Every vLLM hook target resolves against the vllm 0.33.0 wheel's source, without installing it.
+"""Every vLLM hook table resolves against its release's wheel source (0.33.0 and 0.26.0), without
+installing vLLM.
 
-The wheel (~336 MB) is downloaded once with ``pip download --no-deps`` into
+Each wheel (~300-340 MB) is downloaded once with ``pip download --no-deps`` into
 ``~/.cache/profkit-test/wheels`` (``PROFKIT_WHEEL_CACHE`` overrides) and read with ``zipfile`` +
 ``ast``: each module, class and method must exist, no target may be a generator (a span would
 time only its creation) or a property, and each use-site patch (a function imported by name into
@@ -21,7 +22,8 @@ import pytest
 
 from profkit.instrument.hooksets import vllm as vllm_hooks
 
-VERSION = "0.33.0"
+VERSIONS = {"0.33.0": vllm_hooks.VLLM_033, "0.26.0": vllm_hooks.VLLM_026}
+VERSION = "0.33.0"  # the release vllm.md was read from (REQUIRED below, the use-site checks)
 WHEEL_CACHE = Path(os.environ.get("PROFKIT_WHEEL_CACHE", "~/.cache/profkit-test/wheels")).expanduser()
 #: targets vllm.md names explicitly (use sites included): the table must keep them
 REQUIRED = [
@@ -44,21 +46,21 @@ REQUIRED = [
 ]
 
 
-def _download() -> Path:
-    found = sorted(WHEEL_CACHE.glob(f"vllm-{VERSION}-*.whl"))
+def _download(version: str = VERSION) -> Path:
+    found = sorted(WHEEL_CACHE.glob(f"vllm-{version}-*.whl"))
     if found:
         return found[0]
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--platform", "manylinux_2_28_x86_64", f"vllm=={VERSION}", "-d", str(WHEEL_CACHE)]
+           "--platform", "manylinux_2_28_x86_64", f"vllm=={version}", "-d", str(WHEEL_CACHE)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot download vllm=={VERSION}: {exc}")
-    found = sorted(WHEEL_CACHE.glob(f"vllm-{VERSION}-*.whl"))
+        pytest.skip(f"cannot download vllm=={version}: {exc}")
+    found = sorted(WHEEL_CACHE.glob(f"vllm-{version}-*.whl"))
     if proc.returncode != 0 or not found:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        pytest.skip(f"cannot download vllm=={VERSION} (pip exit {proc.returncode}): {last[0]}")
+        pytest.skip(f"cannot download vllm=={version} (pip exit {proc.returncode}): {last[0]}")
     return found[0]
 
 
@@ -81,6 +83,12 @@ class Source:
 @pytest.fixture(scope="module")
 def source() -> Source:
     return Source(_download())
+
+
+@pytest.fixture(scope="module", params=sorted(VERSIONS))
+def versioned(request) -> tuple[str, Source, dict]:
+    """(version, its wheel's source, profkit's table for it)."""
+    return request.param, Source(_download(request.param)), VERSIONS[request.param]
 
 
 def _top_level(tree: ast.Module) -> list[ast.stmt]:
@@ -175,26 +183,41 @@ def resolve(source: Source, target: str) -> str:
     return ""
 
 
-def test_every_vllm_target_resolves(source):
-    problems = {t: why for t in vllm_hooks.VLLM_033 if (why := resolve(source, t))}
-    assert not problems, "\n".join(f"{t}: {why}" for t, why in problems.items())
+def test_every_vllm_target_resolves(versioned):
+    """Each release's table resolves in full against that release's source."""
+    version, source, table = versioned
+    problems = {t: why for t in table if (why := resolve(source, t))}
+    assert not problems, f"vllm {version}:\n" + "\n".join(f"{t}: {why}" for t, why in problems.items())
 
 
-def test_use_site_patches_name_imported_attributes(source):
+def test_026_table_is_033_minus_what_026_lacks(versioned):
+    """The 0.26 table drops exactly the 0.33 targets its source lacks, and nothing it has."""
+    version, source, _ = versioned
+    if version != "0.26.0":
+        pytest.skip("0.26-only check")
+    lacking = {t for t in vllm_hooks.VLLM_033 if resolve(source, t)}
+    assert lacking == set(vllm_hooks.NOT_IN_026)
+    assert set(vllm_hooks.VLLM_026) == set(vllm_hooks.VLLM_033) - lacking
+
+
+def test_use_site_patches_name_imported_attributes(versioned):
     """Module-level targets not defined in their module must be imported there by name."""
+    version, source, table = versioned
     use_sites = []
-    for target in vllm_hooks.VLLM_033:
+    for target in table:
         module, _, qual = target.partition(":")
         if "." in qual:
             continue
         stmts = _top_level(source.module(module))
         if _defines(stmts, qual) is None:
             use_sites.append(target)
-            assert _import_of(stmts, module, qual), f"{target}: not imported by name"
-    for required in ("vllm.v1.worker.gpu_model_runner:coordinate_batch_across_dp",
-                     "vllm.v1.worker.gpu.model_runner:dispatch_cg_and_sync_dp",
-                     "vllm.config.parallel:cpu_all_reduce_", "vllm.distributed.parallel_state:cpu_all_reduce_"):
-        assert required in use_sites
+            assert _import_of(stmts, module, qual), f"vllm {version} {target}: not imported by name"
+    required = ["vllm.v1.worker.gpu_model_runner:coordinate_batch_across_dp",
+                "vllm.v1.worker.gpu.model_runner:dispatch_cg_and_sync_dp"]
+    if version == "0.33.0":
+        required += ["vllm.config.parallel:cpu_all_reduce_", "vllm.distributed.parallel_state:cpu_all_reduce_"]
+    for target in required:
+        assert target in use_sites
 
 
 def test_table_keeps_the_reference_targets():
@@ -215,5 +238,41 @@ def test_resolver_catches_mistakes(source):
 
 def test_version_table_selection():
     assert vllm_hooks.table_for("0.33.0") is vllm_hooks.VLLM_033
+    assert vllm_hooks.table_for("0.26.0") is vllm_hooks.VLLM_026
+    assert vllm_hooks.table_for("0.26.1") is vllm_hooks.VLLM_026  # patch releases share a table
+    assert vllm_hooks.table_for("0.28.2") is vllm_hooks.VLLM_026  # nearest: 2 minors from 0.26, 5 from 0.33
+    assert vllm_hooks.table_for("0.31.0") is vllm_hooks.VLLM_033
     assert vllm_hooks.table_for("0.40.1.dev3") is vllm_hooks.VLLM_033  # newest known for newer
     assert vllm_hooks.table_for(None) is vllm_hooks.VLLM_033
+    assert vllm_hooks.describe_choice("0.26.0") == ("0.26", None)
+    label, warning = vllm_hooks.describe_choice("0.28.2")
+    assert label == "0.26" and "0.28.2" in warning and "0.26" in warning
+
+
+def test_unknown_version_warns_and_unresolved_targets_are_named(monkeypatch):
+    """A release without a table: one VersionWarning naming it; then each target that does not
+    resolve warns by name and the Hooks report says why (what the manifest lists)."""
+    import types
+
+    from profkit.instrument import hooks as hooks_mod
+
+    with pytest.warns(vllm_hooks.VersionWarning, match="0.29.0"):
+        specs = vllm_hooks.specs("0.29.0")
+    assert vllm_hooks.CHOSEN == {"version": "0.29.0", "table": "0.26"}
+    target = "vllm.v1.core.sched.scheduler:Scheduler.schedule"
+    fake = types.ModuleType("vllm.v1.core.sched.scheduler")
+    fake.Scheduler = type("Scheduler", (), {"update_from_output": lambda self: None})  # no schedule
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.scheduler", fake)
+    monkeypatch.setattr(hooks_mod, "_warned", set())
+    wanted = [s for s in specs if s.module == "vllm.v1.core.sched.scheduler" and s.qualname.startswith("Scheduler.")]
+    with pytest.warns(hooks_mod.HookWarning, match="Scheduler.schedule"):
+        h = hooks_mod.Hooks(wanted).install()
+    try:
+        report = h.report()
+        assert report[target]["status"].startswith("missing")
+        fired = "vllm.v1.core.sched.scheduler:Scheduler.update_from_output"
+        assert report[fired]["status"] == "patched" and report[fired]["calls"] == 0
+        fake.Scheduler().update_from_output()
+        assert h.report()[fired]["calls"] == 1
+    finally:
+        h.remove()
