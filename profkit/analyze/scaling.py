@@ -170,8 +170,6 @@ def _headline(d: ScalingDecomposition) -> str:
             f"{_ms(step.delta)} ms [{_ms(lo)}, {_ms(hi)}]")
     parts = [p for p in d.parts if p.part != "step_ns" and math.isfinite(p.delta)]
     text += " = " + " + ".join(f"{TITLES[p.part].split(' (')[0]} {_ms(p.delta)}" for p in parts)
-    if not significant:
-        return text + " (the step-time change is within noise)"
     sign = 1.0 if step.delta > 0 else -1.0
     top = max(parts, key=lambda p: sign * p.delta, default=None)
     if top is not None and sign * top.delta > 0:
@@ -179,4 +177,6 @@ def _headline(d: ScalingDecomposition) -> str:
         gpu = d.get("gpu_ns")
         if gpu is not None and top.part != "gpu_ns" and math.isfinite(gpu.delta) and sign * gpu.delta < 0:
             text += f", although the GPU time changed by {_ms(gpu.delta)} ms"
+    if not significant:
+        text += " (the step-time change itself is within noise: more steps would tell)"
     return text

@@ -127,6 +127,7 @@ class ChunkResult:
     gpu_ns: np.ndarray | None = None
     wait_ns: np.ndarray | None = None
     xfer_ns: np.ndarray | None = None
+    xfer_last_ns: np.ndarray | None = None  # the part of xfer_ns at sync points where the rank arrived last
     bench: bool = False  # a GPU-only (bench forward) chunk: no serving-loop spans, no sampler
 
     @property
@@ -266,8 +267,10 @@ class Timeline:
         for step0 in range(0, cfg.steps, self.chunk):
             n = min(self.chunk, cfg.steps - step0)
             d = self._draw(rngs, n)
-            if jit is not None:
-                d["jitter"] = np.stack([np.rint(r.exponential(cfg.host_jitter_ms * 1e6, n)).astype(np.int64) for r in jit])
+            if jit is not None:  # (g, n, C): before each all-to-all's launch
+                c_n = len(self.coll_idx)
+                d["jitter"] = np.stack([np.rint(r.exponential(cfg.host_jitter_ms * 1e6, (n, c_n))).astype(np.int64)
+                                        for r in jit])
             res, c_next, gpu = chunk_fn(ranks, step0, n, d, coupling, c_next, gpu)
             yield res
         if not coupling.complete:
@@ -287,6 +290,8 @@ class Timeline:
         inter = stats.INTERSTEP_US.ns(z[..., 3])
         post_sample = stats.POST_SAMPLE_US.ns(z[..., 4])
         gap = np.rint(self.base_gap * np.exp(GAP_JITTER_SIGMA * d["gap"])).astype(np.int64) + self.extra_gap
+        if "jitter" in d:  # host jitter: the host stalls before launching each all-to-all
+            gap[..., self.coll_idx] += d["jitter"]
         ldur = np.rint(self.ldur_med * np.exp(self.ldur_sig * d["ldur"])).astype(np.int64)
         lat = stats.LAUNCH_LATENCY_US.ns(d["lat"])
         dur = np.rint(self.dur_med * np.exp(self.dur_sig * d["dur"])).astype(np.int64)
@@ -328,7 +333,6 @@ class Timeline:
         elif self.lag:  # decided at each step's start, below
             batch, n_prefill, prefill_tokens = (np.zeros((g, n), np.int64) for _ in range(3))
             tok_ns = np.zeros((g, n), np.int64)
-        jitter = d.get("jitter")
         sched_extra = np.rint(inj.ms["slow_schedule"][sl] * 1e6).astype(np.int64)
         gc_ns = np.rint(inj.ms["gc"][sl] * 1e6).astype(np.int64)
         hs_ns = np.rint(inj.ms["host_sync"][sl] * 1e6).astype(np.int64)
@@ -353,6 +357,7 @@ class Timeline:
         coll_idx = self.coll_idx
         wait_ns = np.zeros((g, n), np.int64)
         xfer_ns = np.zeros((g, n), np.int64)
+        xfer_last = np.zeros((g, n), np.int64)  # transfers at the sync points where this rank came last
         seg_starts = [1] + [int(ci) + 1 for ci in coll_idx]
         seg_ends = [int(ci) for ci in coll_idx] + [k - 1]  # inclusive end op of each segment
         for j in range(n):
@@ -363,8 +368,6 @@ class Timeline:
             sp["step_b"][:, j] = c
             sp["sched_b"][:, j] = c
             c = c + sched[:, j] + sched_extra[:, j]
-            if jitter is not None:
-                c = c + jitter[:, j]
             sp["sched_e"][:, j] = c
             sp["gc_b"][:, j] = c
             c = c + gc_ns[:, j]
@@ -393,8 +396,10 @@ class Timeline:
             elif (c > coupling.dp_end_ns[s] - coupling.gloo_ns[s]).any():
                 raise AssertionError(f"step {s}: rank arrival after the coupled DP all-reduce end")
             sp["dp_e"][:, j] = coupling.dp_end_ns[s]
-            wait_ns[:, j] += coupling.dp_end_ns[s] - coupling.gloo_ns[s] - sp["dp_b"][:, j]
+            w = coupling.dp_end_ns[s] - coupling.gloo_ns[s] - sp["dp_b"][:, j]
+            wait_ns[:, j] += w
             xfer_ns[:, j] += coupling.gloo_ns[s]
+            xfer_last[:, j] += np.where(w == 0, coupling.gloo_ns[s], 0)
             c = np.full(g, coupling.dp_end_ns[s] + DP_POST_NS, dtype=np.int64)
             # launch_bound: many tiny kernels, GPU idle between them
             for gi in np.nonzero(n_tiny[:, j])[0]:
@@ -430,8 +435,10 @@ class Timeline:
                     raise AssertionError(f"step {s} collective {seg}: arrival after the coupled end")
                 gs[:, j, b] = arrive
                 ge[:, j, b] = coupling.coll_end_ns[s, seg]
-                wait_ns[:, j] += coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
+                w = coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
+                wait_ns[:, j] += w
                 xfer_ns[:, j] += coupling.xfer_ns[s, seg]
+                xfer_last[:, j] += np.where(w == 0, coupling.xfer_ns[s, seg], 0)
                 gpu = ge[:, j, b].copy()
                 # host_sync: an extra stream sync after this combine, M ms beyond the GPU drain
                 hit = (hs_coll == seg) & (hs_ns[:, j] > 0)
@@ -461,7 +468,7 @@ class Timeline:
             batch=batch, delay_ns=delay, loads=loads,
             comm_b=ls[..., coll_idx] - pre[..., coll_idx], comm_e=le[..., coll_idx] + post[..., coll_idx],
             tiny=tiny, n_prefill=n_prefill, prefill_tokens=prefill_tokens,
-            gpu_ns=gpu_ns, wait_ns=wait_ns, xfer_ns=xfer_ns,
+            gpu_ns=gpu_ns, wait_ns=wait_ns, xfer_ns=xfer_ns, xfer_last_ns=xfer_last,
         )
         return res, c_next, gpu
 
@@ -503,6 +510,7 @@ class Timeline:
         sp = {f"{name}_{x}": np.zeros((g, n), np.int64) for name in SPANS for x in "be"}
         wait_ns = np.zeros((g, n), np.int64)
         xfer_ns = np.zeros((g, n), np.int64)
+        xfer_last = np.zeros((g, n), np.int64)  # transfers at the sync points where this rank came last
         computing = not coupling.complete
         fwd_last = prog.sampler_first - 1
         pre = np.where(self.is_coll, COLL_PRE_NS, 0).astype(np.int64)
@@ -530,8 +538,10 @@ class Timeline:
                     coupling.coll_end_ns[s, seg] = arrive.max() + coupling.xfer_ns[s, seg]
                 gs[:, j, b] = arrive
                 ge[:, j, b] = coupling.coll_end_ns[s, seg]
-                wait_ns[:, j] += coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
+                w = coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
+                wait_ns[:, j] += w
                 xfer_ns[:, j] += coupling.xfer_ns[s, seg]
+                xfer_last[:, j] += np.where(w == 0, coupling.xfer_ns[s, seg], 0)
                 gpu = ge[:, j, b].copy()
                 seg_start = b + 1
             sp["ss_b"][:, j] = le[:, j, fwd_last] + SYNC_PRE_NS
@@ -546,7 +556,7 @@ class Timeline:
         res = ChunkResult(
             ranks=ranks, step0=step0, n=n, spans=sp, ls=ls, le=le, gs=gs, ge=ge, batch=batch, delay_ns=zeros,
             loads=loads, comm_b=ls[..., coll_idx] - pre[coll_idx], comm_e=le[..., coll_idx] + post[coll_idx],
-            gpu_ns=gpu_ns, wait_ns=wait_ns, xfer_ns=xfer_ns, bench=True,
+            gpu_ns=gpu_ns, wait_ns=wait_ns, xfer_ns=xfer_ns, xfer_last_ns=xfer_last, bench=True,
         )
         return res, c_next, gpu
 

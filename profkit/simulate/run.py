@@ -117,7 +117,7 @@ class _TruthAccumulator:
         self.loads = np.zeros((cfg.steps, cfg.layers, cfg.ranks), dtype=np.int64)
         self.step_b = np.zeros(cfg.steps, dtype=np.int64)
         self.step_e = np.zeros(cfg.steps, dtype=np.int64)
-        self.parts = {k: np.zeros((cfg.steps, cfg.ranks), dtype=np.int64) for k in ("step", "gpu", "wait", "xfer")}
+        self.parts = {k: np.zeros((cfg.steps, cfg.ranks), dtype=np.int64) for k in ("step", "gpu", "wait", "xfer", "xfer_last")}
         self.tokens = np.zeros((cfg.steps, cfg.ranks), dtype=np.int64)
 
     def add(self, res: ChunkResult) -> None:
@@ -131,7 +131,7 @@ class _TruthAccumulator:
         self.step_e[s0:s0 + n] = res.spans["step_e"].max(axis=0)
         self.tokens[s0:s0 + n, res.ranks] = res.tokens.T
         self.parts["step"][s0:s0 + n, res.ranks] = (res.spans["step_e"] - res.spans["step_b"]).T
-        for key in ("gpu", "wait", "xfer"):
+        for key in ("gpu", "wait", "xfer", "xfer_last"):
             self.parts[key][s0:s0 + n, res.ranks] = getattr(res, f"{key}_ns").T
 
     def decomposition(self) -> dict:
@@ -243,14 +243,18 @@ def decomposition_truth(parts: dict[str, np.ndarray]) -> dict:
     ``gpu_ns``: kernels and copies the rank ran in the step; ``wait_ns``: at every sync point (DP
     all-reduce, each all-to-all) the last arrival minus the rank's own; ``transfer_ns``: the sync
     points' own time once all had arrived; ``host_ns``: the rest (the GPU idle while the host
-    worked). How profkit names them: waiting = ``waiting for rank k`` / ``wait:*`` causes, which on a
-    rank that was not last also hold that sync point's transfer; the last arriver's transfer is
-    ``transfer:*``."""
-    step, gpu, wait, xfer = (parts[k].astype(np.float64) for k in ("step", "gpu", "wait", "xfer"))
+    worked). A trace shows a waiting rank's transfer only as the end of its wait, so the split a
+    trace can give is ``observed``: ``wait_ns`` = waiting plus the transfers of the sync points where
+    the rank was not last (profkit: ``waiting for rank k`` / ``wait:*``), ``gpu_ns`` = computing plus
+    the transfers where it was last (``transfer:*``), ``host_ns`` the same."""
+    step, gpu, wait, xfer, last = (parts[k].astype(np.float64) for k in ("step", "gpu", "wait", "xfer", "xfer_last"))
     host = step - gpu - wait - xfer
     per = {"step_ns": step, "gpu_ns": gpu, "wait_ns": wait, "transfer_ns": xfer, "host_ns": host}
     out: dict = {k + "_mean": float(v.mean()) for k, v in per.items()}
     out["per_step"] = {k: v.mean(axis=1) for k, v in per.items()}
+    obs = {"step_ns": step, "gpu_ns": gpu + last, "host_ns": host, "wait_ns": wait + xfer - last}
+    out["observed"] = {k + "_mean": float(v.mean()) for k, v in obs.items()}
+    out["observed"]["per_step"] = {k: v.mean(axis=1) for k, v in obs.items()}
     return out
 
 
@@ -302,12 +306,12 @@ def bench_truth(cfg: SimConfig, acc: "_TruthAccumulator") -> dict:
     the gap of each of its steps over this GPU-only run, with the serving step's split."""
     serving = Timeline(replace(cfg, bench_forward=False))
     coupling = serving.new_coupling()
-    parts = {k: np.zeros((cfg.steps, cfg.ranks), np.int64) for k in ("step", "gpu", "wait", "xfer")}
+    parts = {k: np.zeros((cfg.steps, cfg.ranks), np.int64) for k in ("step", "gpu", "wait", "xfer", "xfer_last")}
     spans = {k: np.zeros((cfg.steps, cfg.ranks), np.int64) for k in ("sched", "prep", "dp", "st", "upd", "gc")}
     for res in serving.run(np.arange(cfg.ranks), coupling):
         sl = slice(res.step0, res.step0 + res.n)
         parts["step"][sl, res.ranks] = (res.spans["step_e"] - res.spans["step_b"]).T
-        for key in ("gpu", "wait", "xfer"):
+        for key in ("gpu", "wait", "xfer", "xfer_last"):
             parts[key][sl, res.ranks] = getattr(res, f"{key}_ns").T
         for key in spans:
             spans[key][sl, res.ranks] = (res.spans[f"{key}_e"] - res.spans[f"{key}_b"]).T
