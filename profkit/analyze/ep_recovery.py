@@ -111,6 +111,10 @@ def ep_recovery(base: pd.DataFrame | None, cand: pd.DataFrame | None, n_resample
                         f"nothing to recover; CAND {rc:.3f}")
         return out
     lo, hi = out.share_ci
+    if rc < rb:
+        out.headline = (f"EP balance vs uniform: CAND is LESS balanced than BASE ({rb:.3f} -> {rc:.3f}, uniform "
+                        f"routing {ub:.3f}): nothing recovered (expected BASE = no balancing, CAND = balanced)")
+        return out
     out.headline = (f"EP balance vs uniform: balancedness {rb:.3f} -> {rc:.3f} against {ub:.3f} for uniform routing "
                     f"of the same batches: {100 * out.share:.0f}% [{100 * lo:.0f}%, {100 * hi:.0f}%] of the "
                     f"recoverable gap ({ub - rb:.3f}) recovered")

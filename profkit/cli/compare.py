@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
     bb, cb = balance_table(base), balance_table(cand)
     ep = ep_recovery(bb, cb, n_resamples=args.resamples, seed=args.seed) \
-        if (has_uniform(bb) or has_uniform(cb) or args.ep_csv) else None
+        if ((has_uniform(bb) and has_uniform(cb)) or args.ep_csv) else None
     scaling = None
     if args.scaling or args.scaling_csv or base.n_ranks != cand.n_ranks:
         scaling = scaling_decomposition(base.steps, base.cause_steps, cand.steps, cand.cause_steps,
@@ -190,7 +190,7 @@ def render(result, base, cand, dp=None, ep=None, scaling=None) -> str:
             lines.append(f"note ({who}): {note}")
     if dp is not None:
         lines += ["", render_dp(dp)]
-    if ep is not None:
+    if ep is not None and (ep.significant or not ep.available):  # an unchanged EP balance is in --json only
         lines += ["", render_ep(ep)]
     if scaling is not None:
         lines += ["", render_scaling(scaling)]
@@ -235,7 +235,7 @@ def render_dp(dp: "DpCost") -> str:
     b, c = dp.sides["base"], dp.sides["cand"]
     pct = f"{dp.confidence:.0%}"
     lines = [
-        "DP imbalance: BASE = mirror replay, CAND = lag replay of the same requests",
+        "DP imbalance: BASE = mirror replay, CAND = lag (or round-robin) replay of the same requests",
         f"({b['n_steps']} and {c['n_steps']} steps with token counts per rank; intervals "
         f"{'paired by step' if dp.paired else 'over steps, sides resampled independently'})",
         f"{'':40} {'base':>10} {'cand':>10} {'change':>10}  {pct} interval of change",
