@@ -152,6 +152,9 @@ class SimConfig:
             raise SimConfigError(f"host jitter must be >= 0 ms, got {self.host_jitter_ms}")
         if self.bench_forward and self.fmt != "kineto":
             raise SimConfigError("--bench-forward writes Kineto traces only")
+        if self.bench_forward and self.replay == "lag":
+            raise SimConfigError("--bench-forward replays fixed batches: not with --replay lag (its batches depend on "
+                                 "the serving run's step times)")
         if self.token_ns < 0:
             raise SimConfigError(f"token time must be >= 0, got {self.token_ns} ns")
         for inj in self.injects:

@@ -503,9 +503,10 @@ class Timeline:
         hot = inj.hot_factor[sl] * (1.0 + inj.ms["hot_experts"][sl] * 1e6 / np.maximum(exp_dur.sum(-1), 1.0))
         dur[..., self.expert_idx] = np.rint(exp_dur * hot[..., None]).astype(np.int64)
         loads = np.rint(cfg.batch_per_rank * cfg.topk * load_scale * hot[..., None]).astype(np.int64)
-        batch = d["batch"]
-        if self.replay is not None:
+        batch, n_prefill, prefill_tokens = d["batch"], None, None
+        if self.replay is not None:  # the serving run's batches: decodes and prefills
             batch = self.replay.n_decode[sl]
+            n_prefill, prefill_tokens = self.replay.n_prefill[sl], self.replay.prefill_tokens[sl]
         ls, le, gs, ge = (np.zeros((g, n, k), np.int64) for _ in range(4))
         sp = {f"{name}_{x}": np.zeros((g, n), np.int64) for name in SPANS for x in "be"}
         wait_ns = np.zeros((g, n), np.int64)
@@ -557,6 +558,7 @@ class Timeline:
             ranks=ranks, step0=step0, n=n, spans=sp, ls=ls, le=le, gs=gs, ge=ge, batch=batch, delay_ns=zeros,
             loads=loads, comm_b=ls[..., coll_idx] - pre[coll_idx], comm_e=le[..., coll_idx] + post[coll_idx],
             gpu_ns=gpu_ns, wait_ns=wait_ns, xfer_ns=xfer_ns, xfer_last_ns=xfer_last, bench=True,
+            n_prefill=n_prefill, prefill_tokens=prefill_tokens,
         )
         return res, c_next, gpu
 
