@@ -1,7 +1,11 @@
-"""Issue #6: ``profkit compare`` of a mirror and a lag replay of the same requests prices DP imbalance.
+"""Issue #6: ``profkit compare`` of a mirror and a round-robin replay of the same requests prices DP imbalance.
+
+(Issue #6 called the round-robin balancer replay "lag"; issue #14 gave that name to the study's
+lag, rank r receiving the requests r x MS later: tests/test_study.py. Below, "lag" is the
+round-robin replay, ``--replay round-robin``, unchanged bit for bit.)
 
 Simulator (DEP8 and DEP32 end to end; DEP64 on its timelines): both replays share every random
-draw (same ``--seed``), so the lag's step time exceeds the mirror's by exactly truth.json's
+draw (same ``--seed``), so the round-robin's step time exceeds the mirror's by exactly truth.json's
 ``replay.cost_ns`` per step (the DP all-reduce ends later by that much on every rank); compare must
 find it within 10% with an interval excluding 0. Two mirrors with different seeds hold no
 imbalance: compare must not report a cost.
@@ -53,7 +57,7 @@ def expected_cost_ns(rep: dict, analysis: Path) -> float:
 
 # -- the replays themselves (no processes) -----------------------------------------------------------
 def test_sim_replays_serve_the_same_requests():
-    mirror, lag = sim_replay.build("mirror", 8, 40, 0), sim_replay.build("lag", 8, 40, 0)
+    mirror, lag = sim_replay.build("mirror", 8, 40, 0), sim_replay.build("round-robin", 8, 40, 0)
     assert (mirror.tokens == mirror.tokens[0]).all() and (mirror.tokens[0] == mirror.mirror_tokens).all()
     assert (lag.mirror_tokens == mirror.mirror_tokens).all()
     # same copies (count, prompt and output lengths); only arrival step and rank differ
@@ -63,13 +67,13 @@ def test_sim_replays_serve_the_same_requests():
     assert np.ptp(np.bincount(lag.requests[:, 2])) <= 1  # round-robin: request counts even over ranks
     bal = lag.tokens.mean(0) / lag.tokens.max(0)
     assert (bal < 1).mean() > 0.9 and bal.mean() < 0.8
-    assert sim_replay.build("lag", 8, 40, 0).requests.tolist() == lag.requests.tolist()  # deterministic
+    assert sim_replay.build("round-robin", 8, 40, 0).requests.tolist() == lag.requests.tolist()  # deterministic
 
 
 def test_engine_replays_serve_the_same_requests():
     size = ModelSize.for_device("cpu")
     stream = engine_replay.base_stream(size, 20, 0)
-    mirror, lag = (engine_replay.assign(m, 3, stream, 0) for m in ("mirror", "lag"))
+    mirror, lag = (engine_replay.assign(m, 3, stream, 0) for m in ("mirror", "round-robin"))
     assert all([(r.base, r.arrival_step, r.prompt) for r in mirror[0]] ==
                [(r.base, r.arrival_step, r.prompt) for r in mirror[k]] for k in (1, 2))
     def flat(reqs: list[list]) -> list[tuple]:
@@ -92,7 +96,8 @@ def test_no_token_counts_no_cost():
 def dep8(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dep8")
     return {name: sim_and_analyze(tmp, name, 8, 30, mode, seed)
-            for name, mode, seed in (("mirror", "mirror", SEED), ("lag", "lag", SEED), ("mirror2", "mirror", SEED + 1))}
+            for name, mode, seed in (("mirror", "mirror", SEED), ("lag", "round-robin", SEED),
+                                     ("mirror2", "mirror", SEED + 1))}
 
 
 def test_dep8_compare_reports_the_known_cost(dep8, tmp_path, capsys):
@@ -129,7 +134,7 @@ def test_dep8_mirror_vs_mirror_has_no_cost(dep8):
 
 def test_dep32_compare_reports_the_known_cost(tmp_path):
     mirror, _ = sim_and_analyze(tmp_path, "mirror", 32, 12, "mirror")
-    lag, rep = sim_and_analyze(tmp_path, "lag", 32, 12, "lag")
+    lag, rep = sim_and_analyze(tmp_path, "lag", 32, 12, "round-robin")
     got = dp_cost(read_analysis_dir(mirror), read_analysis_dir(lag))
     step = got.get("step_ns_mean")
     want = expected_cost_ns(rep, lag)
@@ -148,14 +153,14 @@ def test_sim_cost_is_exactly_the_step_time_over_the_mirror(ranks):
     from profkit.simulate.model import Timeline
 
     step_ns, cost = {}, None
-    for mode in ("mirror", "lag"):
+    for mode in ("mirror", "round-robin"):
         timeline = Timeline(SimConfig(ranks=ranks, steps=10, seed=SEED, replay=mode))
         coupling = timeline.new_coupling()
         spans = [(r.spans["step_b"], r.spans["step_e"]) for r in timeline.run(np.arange(ranks), coupling)]
         step_ns[mode] = np.concatenate([e - b for b, e in spans], axis=1)  # (ranks, steps)
         cost = coupling.dp_cost_vs_mirror_ns
     assert cost is not None and cost.mean() > 0  # per step it may be < 0: the lag moves bursts by a step or two
-    assert (step_ns["lag"] - step_ns["mirror"] == cost[None, :]).all()
+    assert (step_ns["round-robin"] - step_ns["mirror"] == cost[None, :]).all()
 
 
 # -- the bundled engine on CPU -----------------------------------------------------------------------
@@ -176,8 +181,8 @@ def engine_pair(tmp_path_factory):
     pytest.importorskip("torch")
     tmp = tmp_path_factory.mktemp("engine")
     runs = {}
-    for mode in ("mirror", "lag"):
-        d = tmp / mode
+    for name, mode in (("mirror", "mirror"), ("lag", "round-robin")):
+        d = tmp / name
         cmd = [sys.executable, "-m", "profkit.engine", "--ranks", str(ENGINE_RANKS), "--steps", str(ENGINE_STEPS),
                "--replay", mode, *ENGINE_FLAGS, "--out", str(d / "out"), "--truth", str(d / "truth.json"),
                "--torch-profile", str(d / "trace"), "--profile-steps", "%d:%d" % PROFILE]
@@ -185,7 +190,7 @@ def engine_pair(tmp_path_factory):
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"replay {mode} (seed 0)" in proc.stdout
         assert main(["analyze", str(d / "trace"), "-o", str(d / "an"), "-q"]) == 0
-        runs[mode] = (d, json.loads((d / "truth.json").read_text()))
+        runs[name] = (d, json.loads((d / "truth.json").read_text()))
     return runs
 
 

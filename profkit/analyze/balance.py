@@ -15,6 +15,15 @@ parsed JSON, never a path; the CLI reads ``--expert-loads FILE``):
 - ``parse_sim_expert_loads``: the simulator's ``expert_loads.json`` (``tokens[step][layer][rank]``);
 - ``parse_expert_loads``: either of those, or CSV with the ``LOAD_COLUMNS`` header.
 
+Where the source says how tokens were routed (the simulator's JSON: ``experts``, ``topk``; engine
+records: one load per global expert and the step's token count), the parsers keep it in the
+table's ``attrs["routing"]`` (``{"experts": E, "topk": K}``); ``--experts``/``--topk`` give it for a
+CSV. With it, ``ep_balance`` adds the uniform-routing baseline of the same batches
+(``profkit.analyze.uniform``): what balancedness the step would have with experts picked
+uniformly at random, and the gap to it (``UNIFORM_COLUMNS``). vLLM's own load statistics
+(``EplbState.expert_load_pass``, per MoE layer and physical expert) become this CSV once a
+capture records them per step: rank = physical expert // local physical experts.
+
 ``dp_imbalance_cost`` prices DP imbalance from two analyses of the same requests, a mirror replay
 (every rank an identical copy: balanced) and a lag replay (the same copies through a DP balancer):
 the step-time change per step and per token served, with bootstrap intervals (``profkit compare``).
@@ -37,6 +46,11 @@ from profkit.analyze.steps import step_batch_facts
 LOAD_COLUMNS = ["rank", "step", "layer", "tokens"]
 NO_RANK = -1  # ``max_rank`` when every rank has the same load
 EP_COLUMNS = ["step", "layer", "n_ranks", "total_tokens", "mean_tokens", "max_tokens", "max_rank", "balancedness"]
+#: added to ``EP_COLUMNS`` where the routing (experts, top-k) is known: the batch's tokens
+#: (total_tokens / topk), the uniform-routing baseline's mean, std and 95% band, and the
+#: recoverable gap (baseline mean - real balancedness: the most expert balancing can recover)
+UNIFORM_COLUMNS = ["step_tokens", "uniform_balancedness", "uniform_std", "uniform_lo", "uniform_hi", "recoverable"]
+ROUTING_ATTR = "routing"
 EP_LAYER_COLUMNS = ["layer", "n_steps", "balancedness_mean", "balancedness_p10", "balancedness_window", "hot_rank",
                     "hot_rank_share"]
 DP_COLUMNS = ["step", "n_ranks", "total_tokens", "mean_tokens", "max_tokens", "max_rank", "min_tokens",
@@ -57,13 +71,20 @@ def parse_engine_steps(records: Iterable[dict] | str) -> pd.DataFrame:
     if isinstance(records, str):
         records = [json.loads(line) for line in records.splitlines() if line.strip()]
     rows = []
+    routing: dict | None = None
     for rec in records:
         recv = rec.get("expert_recv")
         if recv is None:
             continue
         for layer, per_expert in enumerate(recv):
             rows.append((int(rec["rank"]), int(rec["step"]), layer, int(sum(per_expert))))
-    return _loads_frame(rows)
+        routed, n_tok = rec.get("expert_loads"), rec.get("num_tokens")
+        if routing is None and routed and n_tok:  # one routed count per global expert, k per token
+            routing = {"experts": len(routed[0]), "topk": int(round(sum(routed[0]) / n_tok)), "source": "engine steps"}
+    out = _loads_frame(rows)
+    if routing is not None and routing["topk"] >= 1:
+        out.attrs[ROUTING_ATTR] = routing
+    return out
 
 
 def parse_sim_expert_loads(doc: dict | str) -> pd.DataFrame:
@@ -75,8 +96,11 @@ def parse_sim_expert_loads(doc: dict | str) -> pd.DataFrame:
         raise LoadsFormatError(f"expert_loads.json: tokens must be [step][layer][rank], got shape {tokens.shape}")
     s, layer, r = np.meshgrid(np.arange(tokens.shape[0]), np.arange(tokens.shape[1]), np.arange(tokens.shape[2]),
                               indexing="ij")
-    return pd.DataFrame({"rank": r.ravel(), "step": s.ravel(), "layer": layer.ravel(),
-                         "tokens": tokens.ravel()}).astype("int64")[LOAD_COLUMNS]
+    out = pd.DataFrame({"rank": r.ravel(), "step": s.ravel(), "layer": layer.ravel(),
+                        "tokens": tokens.ravel()}).astype("int64")[LOAD_COLUMNS]
+    if doc.get("experts") and doc.get("topk"):
+        out.attrs[ROUTING_ATTR] = {"experts": int(doc["experts"]), "topk": int(doc["topk"]), "source": "simulator"}
+    return out
 
 
 def parse_expert_loads(text: str, name: str = "expert loads") -> pd.DataFrame:
@@ -109,11 +133,55 @@ def _loads_frame(rows: list[tuple]) -> pd.DataFrame:
 
 
 # ---- EP balancedness -------------------------------------------------------------------------
-def ep_balance(loads: pd.DataFrame) -> pd.DataFrame:
+def routing_of(loads: pd.DataFrame | None, experts: int | None = None, topk: int | None = None) -> dict | None:
+    """``{"experts", "topk"}`` for the uniform baseline: the flags where given, else what the loads'
+    source said (``attrs["routing"]``); None when either is unknown."""
+    known = dict(loads.attrs.get(ROUTING_ATTR) or {}) if loads is not None else {}
+    if experts is not None:
+        known["experts"] = int(experts)
+    if topk is not None:
+        known["topk"] = int(topk)
+    if not known.get("experts") or not known.get("topk"):
+        return None
+    if known["topk"] > known["experts"]:
+        raise ValueError(f"top-k {known['topk']} exceeds the {known['experts']} experts")
+    return known
+
+
+def ep_balance(loads: pd.DataFrame, routing: dict | None = None, draws: int = 100, seed: int = 0) -> pd.DataFrame:
     """Per (step, layer): tokens over ranks, the hottest rank (``NO_RANK`` on a tie of all) and
-    ``balancedness`` = mean / max (NaN where no rank got a token)."""
+    ``balancedness`` = mean / max (NaN where no rank got a token). Where the routing is known
+    (``routing`` or the loads' ``attrs``), ``UNIFORM_COLUMNS`` follow: the uniform-routing baseline
+    of a batch of ``step_tokens`` = total_tokens / topk tokens (seeded Monte Carlo, ``draws`` per
+    batch size) and ``recoverable`` = baseline mean - balancedness."""
     if loads is None or not len(loads):
         return _empty(EP_COLUMNS)
+    routing = routing if routing is not None else routing_of(loads)
+    out = _ep_real(loads)
+    return _with_uniform(out, routing, draws, seed) if routing is not None else out
+
+
+def _with_uniform(per: pd.DataFrame, routing: dict, draws: int, seed: int) -> pd.DataFrame:
+    from profkit.analyze.uniform import baselines_for_sizes
+
+    experts, topk = int(routing["experts"]), int(routing["topk"])
+    per = per.copy()
+    per["step_tokens"] = np.rint(per["total_tokens"] / topk).astype("int64")
+    for c in UNIFORM_COLUMNS[1:]:
+        per[c] = np.nan
+    for n_ranks, idx in per.groupby("n_ranks").groups.items():
+        if n_ranks < 2 or experts < n_ranks:
+            continue  # one rank is always balanced; fewer experts than ranks: no linear placement
+        base = baselines_for_sizes(int(n_ranks), experts, topk, per.loc[idx, "step_tokens"].to_numpy(), draws, seed)
+        for key, col in (("mean", "uniform_balancedness"), ("std", "uniform_std"), ("lo", "uniform_lo"),
+                         ("hi", "uniform_hi")):
+            per.loc[idx, col] = base[key]
+    per["recoverable"] = per["uniform_balancedness"] - per["balancedness"]
+    per.attrs[ROUTING_ATTR] = dict(routing)
+    return per
+
+
+def _ep_real(loads: pd.DataFrame) -> pd.DataFrame:
     g = loads.groupby(["step", "layer"], sort=True)["tokens"]
     out = pd.DataFrame({"n_ranks": g.size(), "total_tokens": g.sum(), "max_tokens": g.max()})
     out["mean_tokens"] = out["total_tokens"] / out["n_ranks"]
@@ -125,12 +193,13 @@ def ep_balance(loads: pd.DataFrame) -> pd.DataFrame:
                                      "max_rank": "int64"})[EP_COLUMNS]
 
 
-def ep_balance_by_layer(loads: pd.DataFrame) -> pd.DataFrame:
+def ep_balance_by_layer(loads: pd.DataFrame, per: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per MoE layer over the window: mean and 10th percentile (the bad steps) of the per-step
     balancedness, the balancedness of the tokens summed over the window (imbalance that
     averages out over steps vs. a persistently hot rank), and the hottest rank over the window
-    with its share of the layer's tokens."""
-    per = ep_balance(loads)
+    with its share of the layer's tokens; with ``per`` (``ep_balance``'s table) carrying the
+    uniform baseline, also its mean and the mean recoverable gap."""
+    per = ep_balance(loads) if per is None else per
     if not len(per):
         return _empty(EP_LAYER_COLUMNS)
     g = per.groupby("layer", sort=True)["balancedness"]
@@ -140,43 +209,53 @@ def ep_balance_by_layer(loads: pd.DataFrame) -> pd.DataFrame:
     out["balancedness_window"] = (w.mean() / w.max().where(w.max() > 0))
     out["hot_rank"] = window.groupby(level=0).idxmax().map(lambda k: int(k[1]))
     out["hot_rank_share"] = w.max() / w.sum().where(w.sum() > 0)
-    return out.reset_index().astype({"n_steps": "int64", "hot_rank": "int64"})[EP_LAYER_COLUMNS]
+    cols = list(EP_LAYER_COLUMNS)
+    if "uniform_balancedness" in per:
+        gu = per.groupby("layer", sort=True)
+        out["uniform_balancedness_mean"] = gu["uniform_balancedness"].mean()
+        out["recoverable_mean"] = gu["recoverable"].mean()
+        cols += ["uniform_balancedness_mean", "recoverable_mean"]
+    return out.reset_index().astype({"n_steps": "int64", "hot_rank": "int64"})[cols]
 
 
 # ---- DP imbalance ----------------------------------------------------------------------------
 def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``rank, step, num_tokens``: the step table's own column, or, when the step marker carries
-    no token count (``EngineCore.step``), the vLLM annotation ``execute_context_N(tok)_generation_
-    N(tok)`` that starts inside each step on the same rank (summed if several)."""
+    """``rank, step, num_tokens, batch_size``: the step table's own columns, or, when the step marker
+    carries no token count (``EngineCore.step``), the vLLM annotation ``execute_context_N(tok)_
+    generation_N(tok)`` that starts inside each step on the same rank (summed if several)."""
+    cols = ["rank", "step", "num_tokens", "batch_size"]
     if steps is None or not len(steps):
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", "step", "num_tokens")})
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
     base = steps[["rank", "step", "start_ns", "end_ns"]].astype("int64").copy()
-    have = steps["num_tokens"] if "num_tokens" in steps else pd.Series(pd.NA, index=steps.index)
-    base["num_tokens"] = pd.array(have, dtype="Int64")
+    for c in ("num_tokens", "batch_size"):
+        have = steps[c] if c in steps else pd.Series(pd.NA, index=steps.index)
+        base[c] = pd.array(have, dtype="Int64")
     if base["num_tokens"].notna().all() or events is None or not len(events):
-        return base[["rank", "step", "num_tokens"]]
+        return base[cols]
     host = events[events["kind"].isin([schema.CPU_SPAN, schema.CPU_OP]).to_numpy(dtype=bool)]
     names = host["name"].astype("string")
     ann = host[names.str.match(_VLLM_STEP, na=False).to_numpy(dtype=bool)]
     if not len(ann):
-        return base[["rank", "step", "num_tokens"]]
-    tok = step_batch_facts(ann["name"])["num_tokens"]
+        return base[cols]
+    facts = step_batch_facts(ann["name"])
     ann = pd.DataFrame({"rank": ann["rank"].to_numpy(np.int64), "start_ns": ann["start_ns"].to_numpy(np.int64),
-                        "tokens": tok.to_numpy(dtype="float64", na_value=np.nan)})
+                        "tokens": facts["num_tokens"].to_numpy(dtype="float64", na_value=np.nan),
+                        "batch": facts["batch_size"].to_numpy(dtype="float64", na_value=np.nan)})
     filled = []
     for rank, b in base.groupby("rank", sort=False):
         a = ann[ann["rank"] == rank].sort_values("start_ns")
         b = b.sort_values("start_ns")
         j = np.searchsorted(b["start_ns"].to_numpy(np.int64), a["start_ns"].to_numpy(np.int64), side="right") - 1
         inside = (j >= 0) & (a["start_ns"].to_numpy(np.int64) < b["end_ns"].to_numpy(np.int64)[np.maximum(j, 0)])
-        sums = pd.Series(a["tokens"].to_numpy()[inside]).groupby(j[inside]).sum(min_count=1)
-        got = np.full(len(b), np.nan)
-        got[sums.index.to_numpy(np.int64)] = sums.to_numpy(np.float64)
-        found = pd.Series(pd.array(np.rint(got), dtype="Int64"), index=b.index)
-        b = b.assign(num_tokens=b["num_tokens"].fillna(found))
+        for col, src in (("num_tokens", "tokens"), ("batch_size", "batch")):
+            sums = pd.Series(a[src].to_numpy()[inside]).groupby(j[inside]).sum(min_count=1)
+            got = np.full(len(b), np.nan)
+            got[sums.index.to_numpy(np.int64)] = sums.to_numpy(np.float64)
+            found = pd.Series(pd.array(np.rint(got), dtype="Int64"), index=b.index)
+            b = b.assign(**{col: b[col].fillna(found)})
         filled.append(b)
     out = pd.concat(filled, ignore_index=True).sort_values(["rank", "step"]).reset_index(drop=True)
-    return out[["rank", "step", "num_tokens"]]
+    return out[cols]
 
 
 def dp_imbalance(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -225,8 +304,6 @@ DP_COST_COLUMNS = ["metric", "unit", "base", "cand", "delta", "delta_lo", "delta
                    "significant"]
 DP_STEP_COLUMNS = ["step", "n_ranks", "step_ns_sum", "total_tokens", "mean_tokens", "max_tokens", "balancedness",
                    "wait_ns_sum"]
-#: causes that are time spent waiting for other ranks (refined collective / DP-sync waits, unrefined waits)
-WAIT_CAUSE = re.compile(r"^(?:waiting for rank \d+|wait:.*)$")
 _DP_SOURCE = "dp_imbalance"  # one bootstrap stream per side for every DP metric
 
 
@@ -234,7 +311,7 @@ def dp_step_samples(steps: pd.DataFrame, dp: pd.DataFrame | None,
                     cause_steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per step with known token counts (the bootstrap unit; ranks of one step move together):
     summed step time over ranks, tokens (from ``dp_imbalance``'s table), balancedness, and the time
-    ranks spent waiting for others (``WAIT_CAUSE`` rows of ``cause_steps``; NaN when unknown).
+    ranks spent waiting for others (``cause_kinds.is_wait_cause`` rows of ``cause_steps``; NaN when unknown).
     Steps without token counts are left out: no token count, no imbalance to price."""
     if steps is None or not len(steps) or dp is None or not len(dp):
         return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("mean_tokens", "balancedness", "wait_ns_sum")
@@ -244,7 +321,9 @@ def dp_step_samples(steps: pd.DataFrame, dp: pd.DataFrame | None,
     tok = dp[["step", "total_tokens", "mean_tokens", "max_tokens", "balancedness"]]
     per = per.merge(tok, on="step", how="inner")
     if cause_steps is not None:
-        waits = cause_steps[cause_steps["cause"].astype(str).str.match(WAIT_CAUSE)]
+        from profkit.analyze.cause_kinds import WAIT, kinds_of
+
+        waits = cause_steps[(kinds_of(cause_steps["cause"]) == WAIT).to_numpy(dtype=bool)]
         per["wait_ns_sum"] = per["step"].map(waits.groupby("step")["ns"].sum()).fillna(0).astype("float64")
     else:
         per["wait_ns_sum"] = np.nan
@@ -328,12 +407,18 @@ def _side_summary(per: pd.DataFrame) -> dict:
 
 
 def _resampled(per: pd.DataFrame, steps: pd.DataFrame, n_resamples: int, seed: int, side: int) -> dict[str, np.ndarray]:
-    """Every DP metric over the same step resamples of one side (so their ratios are coherent);
-    two sides given the same ``side`` number and step list get the same resamples (paired)."""
+    """Every DP metric over step resamples of one side (the same resamples for every per-step mean, so
+    their ratios are coherent; moving blocks of steps for the ratios of sums); two sides given the
+    same ``side`` number and step list get the same resamples (paired)."""
     from profkit.analyze.compare import _pivot, _rng, bootstrap
 
     n = len(per)
     idx = _rng(seed, side, _DP_SOURCE).integers(0, n, size=(n_resamples, n))
+    # ratios of sums over steps (per token, throughput): circular blocks of ~sqrt(n) consecutive steps,
+    # so a burst and the decode steps after it stay together (a lag replay moves bursts between steps)
+    blk = max(1, int(round(math.sqrt(n))))
+    starts = _rng(seed, side, _DP_SOURCE + ":blocks").integers(0, n, size=(n_resamples, -(-n // blk)))
+    bidx = ((starts[:, :, None] + np.arange(blk)) % n).reshape(n_resamples, -1)[:, :n]
     s_sum, n_r = per["step_ns_sum"].to_numpy(np.float64), per["n_ranks"].to_numpy(np.float64)
     tok, bal = per["total_tokens"].to_numpy(np.float64), per["balancedness"].to_numpy(np.float64)
     wait = per["wait_ns_sum"].to_numpy(np.float64)
@@ -345,7 +430,8 @@ def _resampled(per: pd.DataFrame, steps: pd.DataFrame, n_resamples: int, seed: i
             "step_ns_mean": s_sum[idx].sum(1) / n_r[idx].sum(1),
             # same generator seed: bootstrap() draws the very same step indices first
             "step_ns_p50": bootstrap(matrix, "p50", n_resamples, _rng(seed, side, _DP_SOURCE)),
-            "step_ns_per_token": step_mean[idx].sum(1) / tok[idx].sum(1),
+            "step_ns_per_token": step_mean[bidx].sum(1) / tok[bidx].sum(1),
+            "throughput": 1e9 * tok[bidx].sum(1) / step_mean[bidx].sum(1),
             "wait_ns_mean": wait[idx].sum(1) / n_r[idx].sum(1),
             "balancedness_mean": (np.nanmean(bal[idx], axis=1) if np.isfinite(bal).any()
                                   else np.full(n_resamples, np.nan)),
@@ -359,6 +445,7 @@ def _points(per: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
     tok = per["total_tokens"].sum()
     return {"step_ns_mean": float(per["step_ns_sum"].sum() / n_r), "step_ns_p50": float(np.median(kept["step_ns"])),
             "step_ns_per_token": float(step_mean.sum() / tok) if tok else math.nan,
+            "throughput": float(1e9 * tok / step_mean.sum()) if step_mean.sum() else math.nan,
             "wait_ns_mean": float(per["wait_ns_sum"].sum() / n_r) if per["wait_ns_sum"].notna().all() else math.nan,
             "balancedness_mean": float(per["balancedness"].mean())}
 
@@ -366,6 +453,7 @@ def _points(per: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
 DP_METRICS = (  # name, unit
     ("step_ns_mean", "ns"), ("step_ns_p50", "ns"), ("step_ns_per_token", "ns/token"),
     ("wait_ns_mean", "ns"), ("balancedness_mean", "ratio"),
+    ("throughput", "tokens/s"),  # tokens served per second of step time: what the study reports
 )
 
 
@@ -449,6 +537,11 @@ def _dp_headline(c: DpCost) -> str:
         tci += " (within noise)"
     change = (f"{step.delta / 1e6:+.3f} ms per step ({100 * step.rel:+.1f}%){ci}, "
               f"{per_tok.delta:+.0f} ns per token served ({100 * per_tok.rel:+.1f}%){tci}")
+    thr = c.get("throughput")
+    if thr is not None and math.isfinite(thr.rel):
+        rlo, rhi = thr.rel_ci
+        change += (f", throughput {100 * thr.rel:+.1f}%" +
+                   (f" [{100 * rlo:+.1f}%, {100 * rhi:+.1f}%]" if math.isfinite(rlo) else ""))
     less_balanced = math.isfinite(bal_change.delta_ci[1]) and bal_change.delta_ci[1] < 0
     if math.isfinite(bal_change.delta_ci[0]) and bal_change.delta_ci[0] > 0:
         return (f"DP imbalance: BASE is the less balanced side ({bal}): give the mirror replay as BASE and the "

@@ -11,6 +11,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--out", metavar="OUT", help="write summary.json, steps.csv, causes.csv, stragglers.csv and report.html here")
     p.add_argument("--expert-loads", metavar="FILE",
                    help="tokens per rank/step/layer (CSV rank,step,layer,tokens; default: found beside the traces)")
+    p.add_argument("--experts", type=int, metavar="E",
+                   help="routed experts per MoE layer, for the uniform-routing baseline in balance.csv "
+                        "(default: what the expert loads say, when they do)")
+    p.add_argument("--topk", type=int, metavar="K", help="experts per token, for the uniform-routing baseline")
     add_load_options(p)
     add_scale_options(p)
     p.set_defaults(run=run)
@@ -46,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
     scale = {"executor": args.executor, "workers": args.workers, "scheduler": args.scheduler,
              "dask_local": args.dask_local, "scratch": args.scratch}
     return analyze_and_report(args.paths, args.out, args.step_pattern, args.rank, args.quiet, args.expert_loads,
-                              scale=scale)
+                              scale=scale, routing={"experts": args.experts, "topk": args.topk})
 
 
 def analyze_and_report(paths, out, step_pattern, rank_specs, quiet, expert_loads_file=None,
-                       scale: dict | None = None) -> int:
+                       scale: dict | None = None, routing: dict | None = None) -> int:
     """``scale``: executor options for ``profkit.scale.analyze_paths``; None: load, then analyze in memory."""
     from profkit.analyze.pipeline import analyze
     from profkit.ingest.loader import RankMap, load
@@ -71,6 +75,14 @@ def analyze_and_report(paths, out, step_pattern, rank_specs, quiet, expert_loads
     except TraceError as exc:
         print(f"profkit: skipped {exc}", file=sys.stderr)
         loads = None
+    if loads is not None and routing and any(v is not None for v in routing.values()):
+        from profkit.analyze.balance import ROUTING_ATTR, routing_of
+
+        try:  # the flags override what the loads' source said
+            loads.attrs[ROUTING_ATTR] = routing_of(loads, **routing) or {}
+        except ValueError as exc:
+            print(f"profkit: {exc}", file=sys.stderr)
+            return 2
     if scale is not None:
         from profkit.scale import ScaleError, analyze_paths
 

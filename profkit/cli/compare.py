@@ -45,6 +45,23 @@ replay (every rank an identical copy of the requests) and CAND a lag replay of t
 (`dp_imbalance`) and --dp-csv; without token counts the section says so and computes nothing. It
 never changes the verdict or the exit code.
 
+EP balance vs uniform routing: when both folders' balance.csv carry the uniform-routing baseline
+(expert loads with known experts and top-k), a section gives each side's real balancedness, the
+baseline, the recoverable gap (uniform - real) and the share of BASE's gap that CAND recovered,
+with its interval (BASE = no expert balancing, CAND = EPLB on). --json `ep_balance`, --ep-csv.
+
+Scaling: when the two runs have different rank counts (or with --scaling), the change of the mean
+step time is split into GPU time + host overhead + waiting for other ranks, each with its
+interval (cause_steps.csv charges the GPU-idle time of each step; see profkit.analyze.scaling).
+--json `scaling`, --scaling-csv.
+
+GPU-only vs serving (--gpu-only GPU_ONLY_OUT SERVING_OUT): BASE is a GPU-only run (the same
+batches with no serving loop: the engine's --bench-forward, the simulator's --bench-forward,
+vLLM's `bench forward`), CAND a serving run; steps are paired by batch shape (num_tokens,
+batch_size; the nearest shape by tokens where none is equal) and the per-step gap is decomposed
+into the serving run's causes plus the GPU-work difference. Only this section is printed; the
+exit code is 0 (2 on unusable input). --json `gpu_only`, --gpu-only-csv.
+
 uses: gate CI on a nightly capture (`profkit compare last-good-nightly out/ --db runs.sqlite`);
 price DP imbalance (`profkit compare mirror_out/ lag_out/ --dp-csv dp_imbalance_cost.csv`).
 """
@@ -63,6 +80,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-causes", type=int, default=5, metavar="N", help="compare the top N causes of each run (default 5)")
     p.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
     p.add_argument("--dp-csv", metavar="OUT", help="also write the DP-imbalance section as CSV (dp_imbalance_cost.csv)")
+    p.add_argument("--ep-csv", metavar="OUT", help="also write the EP balance vs uniform section as CSV")
+    p.add_argument("--scaling", action="store_true",
+                   help="split the step-time change into GPU + host + waiting even when the rank counts are equal")
+    p.add_argument("--scaling-csv", metavar="OUT", help="also write the scaling decomposition as CSV")
+    p.add_argument("--gpu-only", action="store_true",
+                   help="BASE is a GPU-only (bench-forward) run, CAND a serving run: pair steps by batch shape and "
+                        "decompose the serving step's gap over the GPU-only time")
+    p.add_argument("--gpu-only-csv", metavar="OUT", help="(--gpu-only) also write the decomposition as CSV")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the one-line verdict")
     p.set_defaults(run=run)
 
@@ -93,21 +118,41 @@ def run(args: argparse.Namespace) -> int:
         if not len(r.steps):
             print(f"profkit compare: {name} {r.source or r.name}: no steps to compare", file=sys.stderr)
             return 2
+    if args.gpu_only:
+        return _run_gpu_only(args, base, cand, say)
     say(f"bootstrapping ({args.resamples} resamples, seed {args.seed})")
     result = cmp.compare(samples_of(base), samples_of(cand), threshold=threshold, n_resamples=args.resamples,
                          seed=args.seed, top_causes=args.top_causes, base_name=base.name, cand_name=cand.name)
     dp = dp_cost(base, cand, n_resamples=args.resamples, seed=args.seed)
+    from profkit.analyze.ep_recovery import ep_recovery, has_uniform
+    from profkit.analyze.scaling import scaling_decomposition
+
+    bb, cb = balance_table(base), balance_table(cand)
+    ep = ep_recovery(bb, cb, n_resamples=args.resamples, seed=args.seed) \
+        if ((has_uniform(bb) and has_uniform(cb)) or args.ep_csv) else None
+    scaling = None
+    if args.scaling or args.scaling_csv or base.n_ranks != cand.n_ranks:
+        scaling = scaling_decomposition(base.steps, base.cause_steps, cand.steps, cand.cause_steps,
+                                        n_resamples=args.resamples, seed=args.seed)
     if args.quiet:
         print(result.headline)
     else:
-        print(render(result, base, cand, dp))
+        print(render(result, base, cand, dp, ep=ep, scaling=scaling))
     if args.dp_csv:
         dp.to_frame().to_csv(args.dp_csv, index=False)
         say(f"wrote {args.dp_csv}")
+    for path, section in ((args.ep_csv, ep), (args.scaling_csv, scaling)):
+        if path and section is not None:
+            section.to_frame().to_csv(path, index=False)
+            say(f"wrote {path}")
     if args.json:
         doc = result.to_dict()
         doc["notes"] = {"base": base.notes, "candidate": cand.notes}
         doc["dp_imbalance"] = dp.to_dict()
+        if ep is not None:
+            doc["ep_balance"] = ep.to_dict()
+        if scaling is not None:
+            doc["scaling"] = scaling.to_dict()
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=2)
             fh.write("\n")
@@ -115,9 +160,9 @@ def run(args: argparse.Namespace) -> int:
     return 1 if result.regressed else 0
 
 
-def render(result, base, cand, dp=None) -> str:
-    """The comparison as a table that fits 120 columns, the DP-imbalance section (``dp``, when
-    given), then the verdict sentence (always the last line)."""
+def render(result, base, cand, dp=None, ep=None, scaling=None) -> str:
+    """The comparison as a table that fits 120 columns, the DP-imbalance, EP-balance and scaling
+    sections (when given), then the verdict sentence (always the last line)."""
     from profkit.analyze import compare as cmp
 
     lines = [
@@ -145,6 +190,10 @@ def render(result, base, cand, dp=None) -> str:
             lines.append(f"note ({who}): {note}")
     if dp is not None:
         lines += ["", render_dp(dp)]
+    if ep is not None and (ep.significant or not ep.available):  # an unchanged EP balance is in --json only
+        lines += ["", render_ep(ep)]
+    if scaling is not None:
+        lines += ["", render_scaling(scaling)]
     lines += ["", result.headline]
     return "\n".join(lines)
 
@@ -186,7 +235,7 @@ def render_dp(dp: "DpCost") -> str:
     b, c = dp.sides["base"], dp.sides["cand"]
     pct = f"{dp.confidence:.0%}"
     lines = [
-        "DP imbalance: BASE = mirror replay, CAND = lag replay of the same requests",
+        "DP imbalance: BASE = mirror replay, CAND = lag (or round-robin) replay of the same requests",
         f"({b['n_steps']} and {c['n_steps']} steps with token counts per rank; intervals "
         f"{'paired by step' if dp.paired else 'over steps, sides resampled independently'})",
         f"{'':40} {'base':>10} {'cand':>10} {'change':>10}  {pct} interval of change",
@@ -200,7 +249,8 @@ def render_dp(dp: "DpCost") -> str:
     ]
     titles = {"step_ns_mean": ("step time, mean (ms)", 1e6, 3), "step_ns_p50": ("step time, p50 (ms)", 1e6, 3),
               "step_ns_per_token": ("step time per token served (ns)", 1.0, 0),
-              "wait_ns_mean": ("waiting for other ranks (ms/rank/step)", 1e6, 3)}
+              "wait_ns_mean": ("waiting for other ranks (ms/rank/step)", 1e6, 3),
+              "throughput": ("throughput (tokens served / s)", 1.0, 0)}
     for m in dp.metrics:
         if m.metric not in titles:
             continue
@@ -234,3 +284,111 @@ def _v(x: float, unit: str, signed: bool = False) -> str:
     if unit == "ratio":
         return f"{x:+.3f}" if signed else f"{x:.3f}"
     return f"{x / 1e6:+.3f}" if signed else f"{x / 1e6:.3f}"
+
+
+# ---- the study's other measurements: EP balance vs uniform, scaling, GPU-only vs serving ----------
+def _analysis_csv(run: "RunData", name: str) -> "pd.DataFrame | None":
+    """A CSV of a run's analysis folder read whole (None for a history run or a missing file)."""
+    import pandas as pd
+
+    from profkit.history.runs import RunError, is_analysis_dir
+
+    if run.run_id is not None or not run.source or not is_analysis_dir(run.source):
+        return None
+    path = Path(run.source) / name
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{path}: unreadable CSV: {exc}") from exc
+
+
+def balance_table(run: "RunData") -> "pd.DataFrame | None":
+    """balance.csv with every column (the uniform baseline included)."""
+    return _analysis_csv(run, "balance.csv")
+
+
+def render_ep(ep) -> str:
+    if not ep.available:
+        return ep.headline
+    lines = ["EP balance vs uniform routing: BASE = no expert balancing, CAND = balanced (e.g. EPLB)",
+             f"({ep.n_steps[0]} and {ep.n_steps[1]} steps; per step the mean over MoE layers)",
+             f"{'':40} {'base':>10} {'cand':>10} {'change':>10}  {ep.confidence:.0%} interval of change"]
+    f = ep.to_frame().set_index("metric")
+    for metric, title in (("balancedness", "balancedness (mean / max rank load)"),
+                          ("uniform_balancedness", "uniform routing, same batches"),
+                          ("recoverable_gap", "recoverable gap (uniform - real)")):
+        r = f.loc[metric]
+        ci = f"[{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}]" if math.isfinite(r["delta_lo"]) else ""
+        lines.append(f"{title:40} {r['base']:>10.3f} {r['cand']:>10.3f} {r['delta']:>+10.3f}  {ci}".rstrip())
+    r = f.loc["recovered_share"]
+    if math.isfinite(r["cand"]) and ep.significant:
+        ci = f"[{100 * r['delta_lo']:.0f}%, {100 * r['delta_hi']:.0f}%]" if math.isfinite(r["delta_lo"]) else ""
+        lines.append(f"{'share of the gap recovered':40} {'':>10} {100 * r['cand']:>9.0f}% {'':>10}  {ci}".rstrip())
+    lines += [f"note: {n}" for n in ep.notes] + [ep.headline]
+    return "\n".join(lines)
+
+
+def render_scaling(sc) -> str:
+    if not sc.available:
+        return sc.headline
+    from profkit.analyze.scaling import TITLES
+
+    lines = [f"Scaling: BASE {sc.n_ranks[0]} ranks -> CAND {sc.n_ranks[1]} ranks; mean per rank and step "
+             f"({sc.n_steps[0]} and {sc.n_steps[1]} steps; intervals over steps, sides resampled independently)",
+             f"{'(ms)':40} {'base':>10} {'cand':>10} {'change':>10}  {sc.confidence:.0%} interval  share of change"]
+    for p in sc.parts:
+        lo, hi = p.delta_ci
+        ci = f"[{lo / 1e6:+.3f}, {hi / 1e6:+.3f}]" if math.isfinite(lo) else "-"
+        share = f"{100 * p.share:+.0f}%" if math.isfinite(p.share) and p.part != "step_ns" else ""
+        title = ("= " if p.part == "step_ns" else "  + ") + TITLES[p.part]
+        lines.append(f"{title:40} {_v(p.base, 'ns'):>10} {_v(p.cand, 'ns'):>10} {_v(p.delta, 'ns', True):>10}  "
+                     f"{ci:20} {share}".rstrip())
+    lines += [f"note: {n}" for n in sc.notes] + [sc.headline]
+    return "\n".join(lines)
+
+
+def _run_gpu_only(args, base: "RunData", cand: "RunData", say) -> int:
+    from profkit.analyze.gpu_only import gpu_only_gap
+
+    shaped = [_analysis_csv(r, "steps.csv") for r in (base, cand)]
+    for name, r, df in (("GPU_ONLY", base, shaped[0]), ("SERVING", cand, shaped[1])):
+        if df is None:
+            print(f"profkit compare: --gpu-only: {name} {r.source or r.name}: needs an analysis folder "
+                  "(steps.csv with num_tokens and batch_size)", file=sys.stderr)
+            return 2
+    say(f"pairing {len(cand.steps)} serving steps with {len(base.steps)} GPU-only steps by batch shape")
+    gap = gpu_only_gap(shaped[0], shaped[1], cand.cause_steps, n_resamples=args.resamples, seed=args.seed)
+    print(gap.headline if args.quiet else render_gpu_only(gap, base, cand))
+    if args.gpu_only_csv:
+        gap.to_frame().to_csv(args.gpu_only_csv, index=False)
+        say(f"wrote {args.gpu_only_csv}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"gpu_only": gap.to_dict(), "gpu_only_run": base.name, "serving_run": cand.name}, fh, indent=2)
+            fh.write("\n")
+        say(f"wrote {args.json}")
+    return 0 if gap.available else 2
+
+
+def render_gpu_only(gap, base, cand) -> str:
+    if not gap.available:
+        return gap.headline
+    pr = gap.pairing
+    lines = [f"GPU-only vs serving: GPU_ONLY = {base.name} ({pr['gpu_only_steps']} steps, {pr['gpu_only_shapes']} batch shapes), "
+             f"SERVING = {cand.name}",
+             f"pairing by (num_tokens, batch_size): {pr['exact']} serving steps exact, {pr['nearest']} nearest by tokens, "
+             f"{pr['unpaired']} unpaired",
+             f"{'(ms per step, mean over ranks and steps)':48} {'mean':>9}  {gap.confidence:.0%} interval      share of gap",
+             f"{'serving step time':48} {gap.serving_ns / 1e6:>9.3f}",
+             f"{'GPU-only step time of the same shapes':48} {gap.gpu_only_ns / 1e6:>9.3f}",
+             f"{'gap (serving - GPU-only)':48} {gap.gap_ns / 1e6:>9.3f}  [{gap.gap_ci[0] / 1e6:.3f}, {gap.gap_ci[1] / 1e6:.3f}]"]
+    if gap.parts:
+        lines.append("  = the serving step's charged causes (cause_steps.csv) + the GPU-work difference:")
+    for p in gap.parts:
+        name = p["part"] if len(p["part"]) <= 44 else p["part"][:43] + "~"
+        lines.append(f"  + {name:44} {p['mean_ns'] / 1e6:>+9.3f}  [{p['lo_ns'] / 1e6:+.3f}, {p['hi_ns'] / 1e6:+.3f}]"
+                     f"   {100 * p['share_of_gap']:+.0f}%")
+    lines += [f"note: {n}" for n in gap.notes] + [gap.headline]
+    return "\n".join(lines)

@@ -12,13 +12,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="profkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"profkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from profkit.cli import analyze, capture, compare, dashboard, demo, history, merge, simulate
+    from profkit.cli import analyze, balance, capture, compare, dashboard, demo, history, merge, simulate
 
     capture.register(sub)
     analyze.register(sub)
     merge.register(sub)
     history.register(sub)
     compare.register(sub)
+    balance.register(sub)
     dashboard.register(sub)
     demo.register(sub)
     simulate.register(sub)

@@ -3,7 +3,7 @@
     python -m profkit.engine --ranks N --steps S [--device cpu|cuda]
         [--inject KIND:rank=R[,every=K][,ms=M][,start=S]]... [--truth FILE] [--out DIR] [--seed K]
         [--torch-profile DIR --profile-steps A:B] [--cuda-profiler-steps A:B] [--split-procs]
-        [--replay mirror|lag [--replay-seed K]]
+        [--replay mirror|lag|round-robin [--replay-seed K] [--lag-ms MS]] [--bench-forward SERVING_OUT]
 
 Profiler windows are step numbers [A, B): started before step A and stopped before step B on
 every rank. Exit status 0 when every rank finished; otherwise non-zero with the failed rank named.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .config import EngineConfig, ModelSize
 from .faults import FAULT_KINDS, parse_inject
-from .replay import REPLAY_MODES, replay_truth
+from .replay import DEFAULT_LAG_MS, REPLAY_MODES, replay_truth
 from .truth import build_truth, read_timings, write_truth
 
 
@@ -68,8 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine core (scheduler) and worker (model) in two processes per rank, like vLLM")
     p.add_argument("--replay", choices=REPLAY_MODES,
                    help="serve one seeded request set instead of per-rank random arrivals: mirror = every "
-                        "rank gets an identical copy (balanced), lag = the same copies dealt round-robin "
-                        "in arrival order (DP imbalance); compare the two for the DP-imbalance cost")
+                        "rank gets an identical copy at the same time (balanced), lag = rank r gets the same "
+                        "copy r x --lag-ms later (out of phase, same work), round-robin = the same copies dealt "
+                        "round-robin in arrival order; compare lag (or round-robin) with mirror for the cost")
+    p.add_argument("--lag-ms", type=float, default=DEFAULT_LAG_MS, metavar="MS",
+                   help=f"--replay lag: rank r receives the requests r x MS later (default {DEFAULT_LAG_MS:g}; the "
+                        "vLLM study used 5000)")
+    p.add_argument("--bench-forward", metavar="SERVING_OUT",
+                   help="GPU-only run: replay the batch shapes a serving run recorded (SERVING_OUT/rank{r}.steps.jsonl) "
+                        "through execute_model back to back, with no scheduler, DP sync or sampling (vLLM's bench "
+                        "forward); at most --steps of them")
     p.add_argument("--replay-seed", type=int, default=0, metavar="K",
                    help="seed of the replayed request set (independent of --seed; default 0)")
     p.add_argument("--token-us", type=float, default=0.0, metavar="US",
@@ -102,6 +110,13 @@ def make_config(args: argparse.Namespace, argv: list[str]) -> EngineConfig:
             raise SystemExit(f"--inject {spec.kind}: rank {spec.rank} out of range for --ranks {args.ranks}")
     if args.token_us < 0:
         raise SystemExit("--token-us must be >= 0")
+    if args.lag_ms < 0:
+        raise SystemExit("--lag-ms must be >= 0")
+    if args.bench_forward:
+        if args.replay or args.inject or args.split_procs:
+            raise SystemExit("--bench-forward replays recorded shapes: no --replay, --inject or --split-procs")
+        if not (Path(args.bench_forward) / "rank0.steps.jsonl").is_file():
+            raise SystemExit(f"--bench-forward {args.bench_forward}: no rank0.steps.jsonl (a serving run's --out folder)")
     if args.profile_steps and not args.torch_profile:
         raise SystemExit("--profile-steps needs --torch-profile DIR")
     if args.torch_profile and not args.profile_steps:
@@ -116,6 +131,7 @@ def make_config(args: argparse.Namespace, argv: list[str]) -> EngineConfig:
         profile_steps=args.profile_steps, cuda_profiler_steps=args.cuda_profiler_steps,
         split_procs=args.split_procs, pg_timeout_s=args.pg_timeout, master_port=free_port(),
         replay=args.replay, replay_seed=args.replay_seed, token_ns=int(round(args.token_us * 1e3)),
+        lag_ms=args.lag_ms, bench_forward=str(Path(args.bench_forward).resolve()) if args.bench_forward else None,
         command=shlex.join([sys.executable, "-m", "profkit.engine", *argv]))
 
 
@@ -180,6 +196,17 @@ def replay_line(replay: dict) -> str:
             f"{'-' if per_tok is None else f'{per_tok / 1e3:.2f}'} us of step time per token served")
 
 
+def bench_summary(cfg: EngineConfig, timings: dict[int, list[dict]]) -> dict:
+    """truth's ``bench_forward``: what was replayed and, per replayed step, GPU-only vs serving step time."""
+    recs = [r for rank in sorted(timings) for r in timings[rank]]
+    gpu_only = [r["step_ns"] for r in recs]
+    serving = [r.get("serving_step_ns", 0) for r in recs]
+    return {"serving_out": cfg.bench_forward, "steps": len(recs) // max(len(timings), 1),
+            "gpu_only_step_ns_mean": statistics.fmean(gpu_only) if gpu_only else None,
+            "serving_step_ns_mean": statistics.fmean(serving) if serving else None,
+            "gap_ns_mean": statistics.fmean(s - g for s, g in zip(serving, gpu_only)) if recs else None}
+
+
 def _maybe_list(window: tuple[int, int] | None) -> list[int] | None:
     return list(window) if window else None
 
@@ -202,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     timings = {r: read_timings(p) for r in range(cfg.ranks)
                if (p := Path(cfg.out_dir) / f"rank{r}.steps.jsonl").exists()}
     print(summarize(cfg, timings))
-    replay = replay_truth(cfg.replay, cfg.ranks, cfg.size, cfg.steps, cfg.replay_seed, timings) if cfg.replay else None
+    replay = (replay_truth(cfg.replay, cfg.ranks, cfg.size, cfg.steps, cfg.replay_seed, timings, cfg.lag_ms)
+              if cfg.replay else None)
     if replay is not None:
         print(replay_line(replay))
     if args.truth:
@@ -212,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                             cuda_profiler_steps=_maybe_list(cfg.cuda_profiler_steps),
                             out_dir=cfg.out_dir, exit_status=status,
                             size=vars(cfg.size) | {"num_experts": cfg.num_experts}, token_ns=cfg.token_ns,
-                            **({"replay": replay} if replay is not None else {}))
+                            **({"replay": replay} if replay is not None else {}),
+                            **({"bench_forward": bench_summary(cfg, timings)} if cfg.bench_forward else {}))
         write_truth(args.truth, truth)
         print(f"truth: {args.truth}")
     print(f"step timings: {cfg.out_dir} (rank{{r}}.steps.jsonl); {wall_s:.1f} s")

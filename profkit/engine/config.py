@@ -67,8 +67,10 @@ class EngineConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     command: str = ""
-    replay: str | None = None  # "mirror" | "lag": serve a fixed request set (replay.py)
+    replay: str | None = None  # "mirror" | "lag" | "round-robin": serve a fixed request set (replay.py)
     replay_seed: int = 0
+    lag_ms: float = 200.0  # lag replay: rank r receives the requests r x lag_ms later
+    bench_forward: str | None = None  # a serving run's out dir: replay its batch shapes GPU-only (bench.py)
     token_ns: int = 0  # modelled device time per padded token and step (--token-us); 0 = off
 
     @property

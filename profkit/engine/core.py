@@ -257,7 +257,7 @@ class EngineCore:
             "num_tokens": out.total_tokens, "padded_tokens": info["padded_tokens"],
             "n_prefill": out.n_prefill, "prefill_tokens": out.prefill_tokens,
             "n_decode": out.n_decode, "decode_tokens": out.decode_tokens,
-            "annotation": out.annotation, "finished": finished,
+            "annotation": out.annotation, "finished": finished, "replay_arrived": self.scheduler.arrived,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "expert_loads": stats.get("expert_loads", []),
             "expert_recv": stats.get("expert_recv", []),
@@ -317,6 +317,10 @@ def _write_info(cfg: EngineConfig, rank: int, device: torch.device, faults: Faul
 
 def rank_main(rank: int, cfg: EngineConfig) -> None:
     """Entry of one DP rank's engine process (``torch.multiprocessing.spawn`` target)."""
+    if cfg.bench_forward:
+        from .bench import bench_main
+
+        return bench_main(rank, cfg)
     device = _setup_process(cfg, rank, use_device=not cfg.split_procs)
     _freeze_gc()
     spans = Spans(use_nvtx=cfg.device == "cuda")  # NVTX needs no CUDA context
@@ -331,7 +335,8 @@ def rank_main(rank: int, cfg: EngineConfig) -> None:
     _write_info(cfg, rank, device, faults, "engine")
     replayed = (requests_for(cfg.replay, cfg.ranks, rank, cfg.size, cfg.steps, cfg.replay_seed)
                 if cfg.replay else None)
-    core = EngineCore(rank, Scheduler(rank, cfg.seed, cfg.size, faults, replayed), executor, spans, faults)
+    lag_ns = int(round(rank * cfg.lag_ms * 1e6)) if cfg.replay == "lag" else 0
+    core = EngineCore(rank, Scheduler(rank, cfg.seed, cfg.size, faults, replayed, lag_ns), executor, spans, faults)
     with open(timings_path(cfg.out_dir, rank), "w", buffering=1) as timings:
         for step in range(cfg.steps):
             prof.before_step(step)

@@ -1,23 +1,25 @@
-"""Mirror and lag replays of one seeded request set (``--replay mirror|lag``): the DP-imbalance pair.
+"""Replays of one seeded request set (``--replay mirror|lag|round-robin``): the DP-imbalance pair.
 
 Why: every DP rank meets the others at each step's DP all-reduce and at every MoE layer, so a step
 costs what the most loaded rank costs. Serving engineers price that by replaying the SAME requests
-twice: *mirror*, where every DP rank receives an identical copy of the request stream (perfect
-balance by construction: identical batches every step, ranks in lockstep), and *lag*, where the same
-copies go through a DP load balancer in arrival order, so at a given step one rank holds a prefill
-burst while another only decodes. Lag minus mirror step time (per token served) is the cost.
+on every rank, as vLLM's DeepSeek-V4.1-Flash study does: *mirror*, where every DP rank receives an
+identical copy of the request stream at the same time (perfect balance by construction), and
+*lag*, where rank r receives the same copy ``r x --lag-ms`` later (the study used 5 s): the ranks
+are out of phase with the same total work, one prefilling while the others decode. Lag minus
+mirror (throughput) is the cost. *round-robin* is a different replay kept under its own name: the
+same copies dealt out by a round-robin DP balancer in arrival order, each copy arriving up to
+``LAG_STEPS`` steps before or after its base request.
 
 The request set: a base stream of requests (arrival step, prompt tokens, output length) drawn from
 ``random.Random`` seeded by ``--replay-seed`` only (never ``--seed``), so replays with different
 engine seeds serve the same requests. ``N`` copies of it are served (N = DP ranks): copy ``c`` of
-base request ``i`` is ``q{i}.{c}``. Mirror gives copy ``r`` to rank ``r`` at the base arrival step.
-Lag lets every copy arrive up to ``LAG_STEPS`` steps before or after its base request (seeded, never
-before step 0; the copies are different users sending the same request, not one synchronized
-client; symmetric, so a window of steps holds as much work as in the mirror), orders all copies by arrival
-step (same step: seeded random order) and deals them out round-robin over the ranks (one global
-pointer, as a round-robin DP balancer does). Both replays hold the same requests with the same
-prompt and output lengths; in lag a rank takes a prefill burst while another only decodes, and
-their streams drift apart by a few steps. Pure Python, no torch: the CLI and the tests use it too.
+base request ``i`` is ``q{i}.{c}``. Mirror and lag give copy ``r`` to rank ``r`` at the base arrival
+step; under lag the rank's scheduler holds it back until ``r x lag`` after the moment the rank
+started that step (its own monotonic clock: the ranks run in lockstep), so a lag of 0 is the mirror.
+Round-robin lets every copy arrive up to ``LAG_STEPS`` steps before or after its base request
+(seeded, never before step 0), orders all copies by arrival step (same step: seeded random order)
+and deals them out round-robin over the ranks (one global pointer). Pure Python, no torch: the CLI
+and the tests use it too.
 """
 from __future__ import annotations
 
@@ -26,12 +28,13 @@ from dataclasses import dataclass, replace
 
 from .config import ModelSize
 
-REPLAY_MODES = ("mirror", "lag")
+REPLAY_MODES = ("mirror", "lag", "round-robin")
+DEFAULT_LAG_MS = 200.0  # the engine's default --lag-ms: about one CPU step with --token-us
 BALANCER = "round_robin"
 #: base-stream arrivals per step (bursty, mean 4/3); an initial burst of ``max_seqs // 4`` at step 0
 ARRIVALS_PER_STEP = (0, 0, 1, 1, 2, 4)
 OUTPUT_RANGE = (2, 16)
-#: lag: a copy arrives -LAG_STEPS..+LAG_STEPS steps from its base request
+#: round-robin: a copy arrives -LAG_STEPS..+LAG_STEPS steps from its base request
 LAG_STEPS = 2
 
 
@@ -80,7 +83,7 @@ def assign(mode: str, ranks: int, stream: list[tuple[int, tuple[int, ...], int]]
     copies = [ReplayRequest(f"q{i}.{c}", i, c, arr, prompt, out)
               for i, (arr, prompt, out) in enumerate(stream) for c in range(ranks)]
     per_rank: list[list[ReplayRequest]] = [[] for _ in range(ranks)]
-    if mode == "mirror":
+    if mode in ("mirror", "lag"):  # lag: the same copies, held back by the scheduler (lag_ns)
         for req in copies:
             per_rank[req.copy].append(req)
         return per_rank
@@ -99,7 +102,7 @@ def requests_for(mode: str, ranks: int, rank: int, size: ModelSize, steps: int, 
 
 
 def replay_truth(mode: str, ranks: int, size: ModelSize, steps: int, seed: int,
-                 timings: dict[int, list[dict]]) -> dict:
+                 timings: dict[int, list[dict]], lag_ms: float = 0.0) -> dict:
     """The ``replay`` section of the truth file: what was replayed (every copy and its rank) and,
     from the ranks' own step records, tokens per rank and step, DP balancedness and step time per
     token served, so a mirror/lag pair can be priced without any trace."""
@@ -119,9 +122,15 @@ def replay_truth(mode: str, ranks: int, size: ModelSize, steps: int, seed: int,
         balancedness.append(sum(known) / len(known) / max(known) if known and max(known) > 0 else None)
         step_ns_mean.append(sum(int(x["step_ns"]) for x in recs.values()) / len(recs))
     served = sum(t for row in tokens for t in row if t is not None)
+    arrived = {rank: [int(rec.get("replay_arrived", 0)) for rec in recs] for rank, recs in timings.items()}
     return {
-        "mode": mode, "seed": seed, "balancer": BALANCER if mode == "lag" else "copy r -> rank r",
-        "lag_steps": LAG_STEPS if mode == "lag" else 0,
+        "mode": mode, "seed": seed,
+        "balancer": BALANCER if mode == "round-robin" else "copy r -> rank r"
+        + (f", {lag_ms:g} ms x r later" if mode == "lag" else ""),
+        "lag_steps": LAG_STEPS if mode == "round-robin" else 0,
+        "lag_ms": lag_ms if mode == "lag" else 0.0,
+        "arrived_per_step": {str(r): v for r, v in sorted(arrived.items())},
+        "throughput_tokens_per_s": (served / sum(step_ns_mean) * 1e9) if served and sum(step_ns_mean) else None,
         "base_requests": len(rows) // max(ranks, 1), "requests": len(rows),
         "prompt_range": list(prompt_range(size)), "output_range": list(OUTPUT_RANGE),
         "per_rank": [{"rank": r, "requests": len(reqs), "prompt_tokens": sum(len(x.prompt) for x in reqs),

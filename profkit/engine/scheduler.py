@@ -1,7 +1,7 @@
 """Continuous-batching scheduler: real Python work over a request queue, like vLLM's ``Scheduler``.
 
 Requests arrive from a seeded RNG (per rank, so DP ranks get different batches), with varying
-prompt and output lengths; or, under ``--replay mirror|lag``, from a fixed list (``replay.py``).
+prompt and output lengths; or, under ``--replay mirror|lag|round-robin``, from a fixed list (``replay.py``).
 Each step decodes every running request (one token each) and fills the rest of the token budget
 with (chunked) prefills, allocating KV blocks from a free list. The batch sequence depends only on
 (seed, rank) (or the replayed list), never on model outputs or faults, so a clean run and a faulty
@@ -66,9 +66,10 @@ class Scheduler:
     """vLLM-shaped: ``schedule()`` then, after the model ran, ``update_from_output()``."""
 
     def __init__(self, rank: int, seed: int, size: ModelSize, faults: FaultRuntime,
-                 replay: list[ReplayRequest] | None = None):
-        """``replay``: this rank's requests of a mirror/lag replay, which then replace the RNG's
-        arrivals (each enters the waiting queue at its arrival step)."""
+                 replay: list[ReplayRequest] | None = None, lag_ns: int = 0):
+        """``replay``: this rank's requests of a replay, which then replace the RNG's arrivals (each
+        enters the waiting queue at its arrival step; with ``lag_ns``, at the first step that starts
+        ``lag_ns`` or more after this rank started the arrival step: the lag replay)."""
         self.rank = rank
         self.size = size
         self.faults = faults
@@ -83,6 +84,9 @@ class Scheduler:
         per_seq = -(-(self.prompt_range[1] + self.output_range[1]) // BLOCK_SIZE)
         self.free_blocks: deque[int] = deque(range(size.max_seqs * per_seq + 64))
         self.replay: deque[ReplayRequest] | None = None
+        self.lag_ns = int(lag_ns)
+        self.step_start_ns: dict[int, int] = {}  # this rank's monotonic clock at each step's schedule
+        self.arrived = 0  # replayed requests that entered the queue in the last schedule()
         if replay is not None:
             self.replay = deque(sorted(replay, key=lambda r: r.arrival_step))
             return
@@ -109,9 +113,14 @@ class Scheduler:
 
     def _replay_arrivals(self, step: int) -> None:
         assert self.replay is not None
+        now = self.step_start_ns[step] = time.monotonic_ns()
+        self.arrived = 0
         while self.replay and self.replay[0].arrival_step <= step:
+            if self.lag_ns and self.step_start_ns[self.replay[0].arrival_step] + self.lag_ns > now:
+                break  # arrival order: every later request arrives later still
             r = self.replay.popleft()
             self.waiting.append(Request(r.req_id, list(r.prompt), r.max_output))
+            self.arrived += 1
 
     def schedule(self, step: int) -> SchedulerOutput:
         if self.replay is not None:

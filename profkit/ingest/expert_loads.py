@@ -42,4 +42,10 @@ def discover_expert_loads(paths: Iterable[str | Path]) -> pd.DataFrame | None:
             except TraceError:
                 continue  # side files are optional: a bad one only loses balance, never the analysis
     frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else None
+    if not frames:
+        return None
+    out = pd.concat(frames, ignore_index=True)
+    routing = next((f.attrs["routing"] for f in frames if f.attrs.get("routing")), None)
+    if routing is not None:  # what the files said about the routing (experts, top-k)
+        out.attrs["routing"] = routing
+    return out

@@ -224,7 +224,15 @@ def _balance_section(analysis, figures: Figures, anchor: str, title: str) -> str
         body += missing("The balance analyzer found no expert loads or token counts in this capture.")
     for name, frame in frames:
         series = data.balance_series(frame)
-        if series is not None:
+        vs_uniform = data.balance_vs_uniform(frame)
+        if vs_uniform is not None:
+            per_step, summary = vs_uniform
+            body += f"<p>{esc(summary)}</p>"
+            body += figures.embed(figs.balance_vs_uniform(per_step),
+                                  f"{esc(name)}: real balancedness per step (mean over layers) against the same "
+                                  "batches routed uniformly at random (mean and 95% band of seeded draws). Real minus "
+                                  "uniform is the most that expert balancing (EPLB) can recover.")
+        elif series is not None:
             metric, per_step = series
             body += figures.embed(figs.step_line(per_step, metric, metric, reference=1.0),
                                   f"{esc(name)}: {esc(metric)} per step (mean over layers where per layer).")

@@ -262,6 +262,22 @@ def balance_series(frame: pd.DataFrame) -> tuple[str, pd.DataFrame] | None:
     return str(metric), per_step
 
 
+def balance_vs_uniform(frame: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
+    """(per-step means over layers of real and uniform-routing balancedness and its band, a
+    one-line summary) for an EP balance table with the uniform baseline; None without it."""
+    cols = ["balancedness", "uniform_balancedness", "uniform_lo", "uniform_hi"]
+    if "step" not in frame.columns or any(c not in frame.columns for c in cols):
+        return None
+    known = frame.dropna(subset=cols)
+    if not len(known):
+        return None
+    per_step = known.groupby("step")[cols].mean().reset_index()
+    real, uni = float(known["balancedness"].mean()), float(known["uniform_balancedness"].mean())
+    summary = (f"EP balancedness {real:.3f} (mean over steps and layers) against {uni:.3f} for the same batches "
+               f"routed uniformly: a recoverable gap of {uni - real:.3f}.")
+    return per_step, summary
+
+
 # ---- alignment -----------------------------------------------------------------------------
 def alignment_table(analysis) -> pd.DataFrame | None:
     alignment = getattr(analysis, "alignment", None)

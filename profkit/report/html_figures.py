@@ -168,6 +168,24 @@ def step_line(per_step: pd.DataFrame, column: str, title: str, reference: float 
     return _layout(fig, 300, xaxis=dict(title="step"), yaxis=dict(title=label(title)), showlegend=False)
 
 
+def balance_vs_uniform(per_step: pd.DataFrame) -> go.Figure:
+    """Real EP balancedness per step against the uniform-routing baseline of the same batches
+    (its mean and 95% band over draws): the distance between them is what balancing can recover."""
+    x = per_step["step"]
+    mode = "lines+markers" if len(per_step) <= 100 else "lines"
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=per_step["uniform_hi"], mode="lines", line=dict(width=0), showlegend=False,
+                             hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=x, y=per_step["uniform_lo"], mode="lines", line=dict(width=0), fill="tonexty",
+                             fillcolor="rgba(46,125,50,0.18)", name="uniform routing, 95% of draws",
+                             hovertemplate="step %{x}: %{y:.3f}<extra>uniform 2.5%</extra>"))
+    fig.add_trace(go.Scatter(x=x, y=per_step["uniform_balancedness"], mode="lines", line=dict(color=GPU_COLOR, dash="dash"),
+                             name="uniform routing (mean)", hovertemplate="step %{x}: %{y:.3f}<extra>uniform</extra>"))
+    fig.add_trace(go.Scatter(x=x, y=per_step["balancedness"], mode=mode, line=dict(color=STEP_COLOR), name="real routing",
+                             hovertemplate="step %{x}: %{y:.3f}<extra>real</extra>"))
+    return _layout(fig, 320, xaxis=dict(title="step"), yaxis=dict(title="mean / max rank load"))
+
+
 def alignment(table: pd.DataFrame) -> go.Figure:
     """Residual clock error per rank (µs: these are far below a step) with its error bound."""
     x = [str(r) for r in table["rank"]]

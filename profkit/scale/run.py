@@ -281,7 +281,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     for r in ranks:
         stages.drop_rank_tables(store, r)
     tokens = _concat([r.tokens for r in rr], None)
-    balance = {"dp": dp_imbalance(_with_tokens(steps, tokens))}
+    steps = _with_tokens(steps, tokens)  # batch facts of the annotation inside each step, where the marker has none
+    balance = {"dp": dp_imbalance(steps)}
     if expert_loads is not None and len(expert_loads):
         balance["ep"] = ep_balance(expert_loads)
     marker = str(steps["marker"].iloc[0]) if len(steps) else None
@@ -326,12 +327,20 @@ def _concat(frames: list[pd.DataFrame], empty: pd.DataFrame | None) -> pd.DataFr
 
 
 def _with_tokens(steps: pd.DataFrame, tokens: pd.DataFrame | None) -> pd.DataFrame:
-    """The step table with each step's token count as ``balance.step_tokens`` found it per rank."""
+    """The step table with each step's token count and batch size as ``balance.step_tokens`` found them
+    per rank (kept where the step table had them already)."""
     if tokens is None or not len(steps):
         return steps
-    key = tokens.set_index(["rank", "step"])["num_tokens"]
     idx = pd.MultiIndex.from_arrays([steps["rank"].astype("int64"), steps["step"].astype("int64")])
-    return steps.assign(num_tokens=pd.array(key.reindex(idx).to_numpy(), dtype="Int64"))
+    keyed = tokens.set_index(["rank", "step"])
+    out = {}
+    for col in ("num_tokens", "batch_size"):
+        if col not in keyed:
+            continue
+        found = pd.array(keyed[col].reindex(idx).to_numpy(), dtype="Int64")
+        have = pd.array(steps[col], dtype="Int64") if col in steps else pd.array([pd.NA] * len(steps), dtype="Int64")
+        out[col] = pd.Series(have).fillna(pd.Series(found)).array
+    return steps.assign(**out)
 
 
 def _capture_of(parts: list, skipped: list[str], warnings: list[str]) -> Capture:

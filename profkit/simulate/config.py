@@ -119,9 +119,14 @@ class SimConfig:
     group_size: int = 8  # ranks computed and written together in the second pass
     workers: int = 0  # processes for writing; 0 = min(cpu count, groups)
     chunk_steps: int = 0  # steps per chunk; 0 = automatic (bounded memory)
-    replay: str = ""  # "" (Poisson decode batches), "mirror" or "lag": replay one request set (replay.py)
+    replay: str = ""  # "" (Poisson decode batches), "mirror", "lag" or "round-robin": replay one request set (replay.py)
     replay_seed: int = 0  # the replayed request set's seed (independent of seed)
     token_ns: int = 8_000  # replay: host time per token of the rank's own batch, before the DP all-reduce
+    lag_ms: float = 25.0  # lag replay: rank r receives the requests r x lag_ms later
+    workload: str = "decode"  # replayed request set: "decode" (Poisson arrivals) or "prefill" (bursts of long prompts)
+    bench_forward: bool = False  # a GPU-only run of the same batches (vLLM's bench forward): no serving loop
+    gpu_scale: float = 1.0  # multiplies every kernel's and copy's duration (collectives excluded)
+    host_jitter_ms: float = 0.0  # mean of an exponential extra host time per rank and step, in Scheduler.schedule
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -135,8 +140,21 @@ class SimConfig:
             raise SimConfigError(f"layers must be >= 1, got {self.layers}")
         if self.ranks_per_host not in (1, 2, 4, 8):
             raise SimConfigError(f"ranks_per_host must be 1, 2, 4 or 8, got {self.ranks_per_host}")
-        if self.replay not in ("", "mirror", "lag"):
-            raise SimConfigError(f"replay must be mirror or lag, got {self.replay!r}")
+        if self.replay not in ("", "mirror", "lag", "round-robin"):
+            raise SimConfigError(f"replay must be mirror, lag or round-robin, got {self.replay!r}")
+        if self.workload not in ("decode", "prefill"):
+            raise SimConfigError(f"workload must be decode or prefill, got {self.workload!r}")
+        if self.lag_ms < 0:
+            raise SimConfigError(f"lag must be >= 0 ms, got {self.lag_ms}")
+        if self.gpu_scale <= 0:
+            raise SimConfigError(f"gpu_scale must be > 0, got {self.gpu_scale}")
+        if self.host_jitter_ms < 0:
+            raise SimConfigError(f"host jitter must be >= 0 ms, got {self.host_jitter_ms}")
+        if self.bench_forward and self.fmt != "kineto":
+            raise SimConfigError("--bench-forward writes Kineto traces only")
+        if self.bench_forward and self.replay == "lag":
+            raise SimConfigError("--bench-forward replays fixed batches: not with --replay lag (its batches depend on "
+                                 "the serving run's step times)")
         if self.token_ns < 0:
             raise SimConfigError(f"token time must be >= 0, got {self.token_ns} ns")
         for inj in self.injects:

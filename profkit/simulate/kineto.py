@@ -229,8 +229,10 @@ class KinetoRankWriter:
                                    dr[j], ext[j], "" if extra is None else extra[j]))
 
         ua = "user_annotation"
-        add(ua, _q(SPAN_NAMES["step"]), sp["step_b"], sp["step_e"], 0)
-        add(ua, _q(SPAN_NAMES["sched"]), sp["sched_b"], sp["sched_e"], 1)
+        bench = res.bench  # GPU-only run: the forward and its timing sync, nothing of the serving loop
+        if not bench:
+            add(ua, _q(SPAN_NAMES["step"]), sp["step_b"], sp["step_e"], 0)
+            add(ua, _q(SPAN_NAMES["sched"]), sp["sched_b"], sp["sched_e"], 1)
         gcm = sp["gc_e"] > sp["gc_b"]
         if gcm.any():
             idx = np.nonzero(gcm)[0]
@@ -242,12 +244,13 @@ class KinetoRankWriter:
         add(ua, _q(SPAN_NAMES["em"]), sp["em_b"], sp["em_e"], 3)
         ann_names = [_q(a) for a in res.annotations(gi)]
         add(ua, ann_names, sp["ann_b"], sp["ann_e"], 4)
-        add(ua, _q(SPAN_NAMES["prep"]), sp["prep_b"], sp["prep_e"], 5)
-        add(ua, _q(SPAN_NAMES["dp"]), sp["dp_b"], sp["dp_e"], 6)
-        dp_extra = [self.dp_args % (ident_mod.DP_SEQ_BASE + s) for s in steps.tolist()]
-        add("cpu_op", _q(SPAN_NAMES["comm_op"]), sp["dp_b"] + 1_000, sp["dp_e"] - 500, 7, dp_extra)
-        add(ua, _q(SPAN_NAMES["st"]), sp["st_b"], sp["st_e"], 8)
-        add(ua, _q(SPAN_NAMES["upd"]), sp["upd_b"], sp["upd_e"], 9)
+        if not bench:
+            add(ua, _q(SPAN_NAMES["prep"]), sp["prep_b"], sp["prep_e"], 5)
+            add(ua, _q(SPAN_NAMES["dp"]), sp["dp_b"], sp["dp_e"], 6)
+            dp_extra = [self.dp_args % (ident_mod.DP_SEQ_BASE + s) for s in steps.tolist()]
+            add("cpu_op", _q(SPAN_NAMES["comm_op"]), sp["dp_b"] + 1_000, sp["dp_e"] - 500, 7, dp_extra)
+            add(ua, _q(SPAN_NAMES["st"]), sp["st_b"], sp["st_e"], 8)
+            add(ua, _q(SPAN_NAMES["upd"]), sp["upd_b"], sp["upd_e"], 9)
 
         # all-to-all host ops: record_param_comms (cpu_op) > nccl:all_to_all (user_annotation)
         nel = (res.tokens[gi] * ident_mod.HIDDEN).tolist()
@@ -261,7 +264,7 @@ class KinetoRankWriter:
 
         # launches, GPU ops, flows
         ext_of_op = np.full(k, 4, dtype=np.int64)  # the step annotation
-        ext_of_op[0] = 5  # H2D inside prepare_inputs
+        ext_of_op[0] = 4 if bench else 5  # H2D inside prepare_inputs
         ext_of_op[prog.sampler_first:] = 8  # sampler ops inside sample_tokens
         for x, i in enumerate(prog.coll_ops):
             ext_of_op[i] = 10 + 2 * x
@@ -278,13 +281,12 @@ class KinetoRankWriter:
         rt_launch = self.t_runtime["cudaLaunchKernel"]
         fs, ff = self.t_flow_s, self.t_flow_f
         # one %-format per launch writes its 4 events (runtime call, GPU op, flow start, flow end)
-        out.extend(
-            t % a for t, a in zip(
-                self.t_launch * n,
-                zip(lq, lr, ldq, ldr, op_ext, corr_l, gq, gr, gdq, gdr, op_ext, corr_l, suffix,
-                    corr_l, lq, lr, corr_l, gq, gr),
-            )
-        )
+        launches = zip(self.t_launch * n, zip(lq, lr, ldq, ldr, op_ext, corr_l, gq, gr, gdq, gdr, op_ext, corr_l, suffix,
+                                               corr_l, lq, lr, corr_l, gq, gr))
+        if bench:  # no sampler and no output copy in a GPU-only forward
+            keep = np.tile(np.arange(k) < prog.sampler_first, n).tolist()
+            launches = (x for x, kept in zip(launches, keep) if kept)
+        out.extend(t % a for t, a in launches)
 
         # the step annotation projected on the GPU
         fwd_last = prog.sampler_first - 1
@@ -300,7 +302,7 @@ class KinetoRankWriter:
         dq, dr = _qr(sp["ss_e"] - sp["ss_b"])
         sc = sync_corr.tolist()
         for j in range(n):
-            out.append(rt_sync % (bq[j], br[j], dq[j], dr[j], int(ext0[j]) + 8, sc[j]))
+            out.append(rt_sync % (bq[j], br[j], dq[j], dr[j], int(ext0[j]) + (4 if bench else 8), sc[j]))
         hsm = sp["hs_e"] > sp["hs_b"]
         for j in np.nonzero(hsm)[0].tolist():
             b, e = int(sp["hs_b"][j]), int(sp["hs_e"][j])

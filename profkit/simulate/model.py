@@ -45,6 +45,10 @@ TINY_LAUNCH_NS = 6_600
 TINY_LAT_NS = 9_500
 TINY_PERIOD_NS = TINY_GAP_NS + TINY_LAUNCH_NS
 GAP_JITTER_SIGMA = 0.15  # per (rank, step) jitter of an op's host gap (lognormal sigma)
+# bench forward (GPU-only run): the forward replayed as a CUDA graph, so the host runs far ahead
+BENCH_LAUNCH_NS = 1_000  # host time per launch inside a graph replay
+BENCH_GAP_NS = 500
+BENCH_INTERSTEP_NS = 30_000  # between two timed forwards (event record, loop)
 
 INJECT_COLUMNS = ("gc", "slow_rank", "slow_schedule", "host_sync", "launch_bound", "hot_experts")
 
@@ -66,6 +70,9 @@ class Coupling:
     # same seeds (every rank at the mirror's tokens), and than with every rank at the step's mean tokens
     dp_cost_vs_mirror_ns: np.ndarray | None = None  # (S,)
     dp_imbalance_ns: np.ndarray | None = None  # (S,)
+    # lag replay only: tokens per (rank, step), decided in the pass that computes the coupling
+    lag_tokens: dict[str, np.ndarray] | None = None  # n_prefill, prefill_tokens, n_decode: (N, S)
+    lag_replay: object | None = None  # the LagReplay that decided them (admission steps, for the truth)
 
 
 @dataclass
@@ -115,6 +122,13 @@ class ChunkResult:
     tiny: dict[tuple[int, int], tuple[np.ndarray, ...]] = field(default_factory=dict)  # (g, j) -> ls, le, gs, ge
     n_prefill: np.ndarray | None = None  # (G, n) replay only: prefill requests and their tokens
     prefill_tokens: np.ndarray | None = None
+    # the step's true split (G, n): GPU computing (kernels and copies), waiting for other ranks at the
+    # DP all-reduce and the all-to-alls (last arrival minus own arrival), transfers once all arrived
+    gpu_ns: np.ndarray | None = None
+    wait_ns: np.ndarray | None = None
+    xfer_ns: np.ndarray | None = None
+    xfer_last_ns: np.ndarray | None = None  # the part of xfer_ns at sync points where the rank arrived last
+    bench: bool = False  # a GPU-only (bench forward) chunk: no serving-loop spans, no sampler
 
     @property
     def tokens(self) -> np.ndarray:
@@ -147,6 +161,8 @@ class Timeline:
         k = self.prog.n
         laws = self.prog.durations()
         self.dur_med = np.array([law.p50_us * 1e3 if law else 0.0 for law in laws])
+        if cfg.gpu_scale != 1.0:
+            self.dur_med = self.dur_med * cfg.gpu_scale
         self.dur_sig = np.array([law.sigma if law else 0.0 for law in laws])
         is_memcpy = np.array([op.kind.startswith("memcpy") for op in ops])
         self.ldur_med = np.where(is_memcpy, stats.MEMCPY_CALL_US.p50_us, stats.LAUNCH_US.p50_us) * 1e3
@@ -174,12 +190,21 @@ class Timeline:
         self.chunk = chunk_steps(cfg)
         self.hosts_one = cfg.hosts == 1
         # replay: the rank's own tokens cost token_ns each on the host before the DP all-reduce
-        self.replay = replay_mod.build(cfg.replay, cfg.ranks, cfg.steps, cfg.replay_seed) if cfg.replay else None
+        self.lag = cfg.replay == "lag"
+        self.replay = (replay_mod.build(cfg.replay, cfg.ranks, cfg.steps, cfg.replay_seed, cfg.workload)
+                       if cfg.replay and not self.lag else None)
+        if self.lag:
+            lag = self.new_lag_replay()
+            self.mirror_tok_ns = lag.mirror_tokens * np.int64(cfg.token_ns)
         if self.replay is not None:
             self.tok_ns = self.replay.tokens * np.int64(cfg.token_ns)  # (N, S)
             self.mirror_tok_ns = self.replay.mirror_tokens * np.int64(cfg.token_ns)  # (S,)
             # the step's mean over ranks, in ns: float (a mean of integers), rounded once
             self.mean_tok_ns = self.replay.tokens.mean(axis=0) * float(cfg.token_ns)
+
+    def new_lag_replay(self) -> replay_mod.LagReplay:
+        cfg = self.cfg
+        return replay_mod.LagReplay(cfg.ranks, cfg.steps, cfg.replay_seed, int(round(cfg.lag_ms * 1e6)), cfg.workload)
 
     # ---- shared draws ---------------------------------------------------------------------------
     def new_coupling(self) -> Coupling:
@@ -193,9 +218,12 @@ class Timeline:
         xfer[:, 0::2] = np.rint(stats.DISPATCH_US.ns(z[:, 0::2]) * scale)
         xfer[:, 1::2] = np.rint(stats.COMBINE_US.ns(z[:, 1::2]) * scale)
         coupling = Coupling(gloo, xfer, np.zeros(cfg.steps, np.int64), np.zeros((cfg.steps, c), np.int64))
-        if self.replay is not None:
+        if self.replay is not None or self.lag:
             coupling.dp_cost_vs_mirror_ns = np.zeros(cfg.steps, np.int64)
             coupling.dp_imbalance_ns = np.zeros(cfg.steps, np.int64)
+        if self.lag:
+            coupling.lag_tokens = {k: np.zeros((cfg.ranks, cfg.steps), np.int64)
+                                   for k in ("n_prefill", "prefill_tokens", "n_decode")}
         return coupling
 
     # ---- per-rank draws (must be identical in both passes) ----------------------------------
@@ -230,10 +258,20 @@ class Timeline:
         start_jitter = np.array([int(rng.integers(0, 200_000)) for rng in rngs], dtype=np.int64)
         c_next = cfg.start_epoch_ns + 1_000_000 + start_jitter  # first step starts ~1 ms into the capture
         gpu = c_next.copy()
+        # host jitter: a stream of its own per rank, so turning it on leaves every other draw as it was
+        jit = [np.random.default_rng([cfg.seed, 2, int(r)]) for r in ranks] if cfg.host_jitter_ms > 0 else None
+        self._lag_state = self.new_lag_replay() if self.lag and not coupling.complete else None
+        if self._lag_state is not None:
+            coupling.lag_replay = self._lag_state
+        chunk_fn = self._bench_chunk if cfg.bench_forward else self._chunk
         for step0 in range(0, cfg.steps, self.chunk):
             n = min(self.chunk, cfg.steps - step0)
             d = self._draw(rngs, n)
-            res, c_next, gpu = self._chunk(ranks, step0, n, d, coupling, c_next, gpu)
+            if jit is not None:  # (g, n, C): before each all-to-all's launch
+                c_n = len(self.coll_idx)
+                d["jitter"] = np.stack([np.rint(r.exponential(cfg.host_jitter_ms * 1e6, (n, c_n))).astype(np.int64)
+                                        for r in jit])
+            res, c_next, gpu = chunk_fn(ranks, step0, n, d, coupling, c_next, gpu)
             yield res
         if not coupling.complete:
             coupling.complete = True
@@ -252,6 +290,8 @@ class Timeline:
         inter = stats.INTERSTEP_US.ns(z[..., 3])
         post_sample = stats.POST_SAMPLE_US.ns(z[..., 4])
         gap = np.rint(self.base_gap * np.exp(GAP_JITTER_SIGMA * d["gap"])).astype(np.int64) + self.extra_gap
+        if "jitter" in d:  # host jitter: the host stalls before launching each all-to-all
+            gap[..., self.coll_idx] += d["jitter"]
         ldur = np.rint(self.ldur_med * np.exp(self.ldur_sig * d["ldur"])).astype(np.int64)
         lat = stats.LAUNCH_LATENCY_US.ns(d["lat"])
         dur = np.rint(self.dur_med * np.exp(self.dur_sig * d["dur"])).astype(np.int64)
@@ -290,6 +330,9 @@ class Timeline:
         if self.replay is not None:
             batch = self.replay.n_decode[sl]
             n_prefill, prefill_tokens = self.replay.n_prefill[sl], self.replay.prefill_tokens[sl]
+        elif self.lag:  # decided at each step's start, below
+            batch, n_prefill, prefill_tokens = (np.zeros((g, n), np.int64) for _ in range(3))
+            tok_ns = np.zeros((g, n), np.int64)
         sched_extra = np.rint(inj.ms["slow_schedule"][sl] * 1e6).astype(np.int64)
         gc_ns = np.rint(inj.ms["gc"][sl] * 1e6).astype(np.int64)
         hs_ns = np.rint(inj.ms["host_sync"][sl] * 1e6).astype(np.int64)
@@ -312,11 +355,16 @@ class Timeline:
 
         computing = not coupling.complete
         coll_idx = self.coll_idx
+        wait_ns = np.zeros((g, n), np.int64)
+        xfer_ns = np.zeros((g, n), np.int64)
+        xfer_last = np.zeros((g, n), np.int64)  # transfers at the sync points where this rank came last
         seg_starts = [1] + [int(ci) + 1 for ci in coll_idx]
         seg_ends = [int(ci) for ci in coll_idx] + [k - 1]  # inclusive end op of each segment
         for j in range(n):
             s = step0 + j
             c = c_next.copy()
+            if self.lag:
+                self._lag_tokens(s, j, ranks, c, coupling, computing, batch, n_prefill, prefill_tokens, tok_ns)
             sp["step_b"][:, j] = c
             sp["sched_b"][:, j] = c
             c = c + sched[:, j] + sched_extra[:, j]
@@ -342,11 +390,16 @@ class Timeline:
                 coupling.dp_end_ns[s] = c.max() + coupling.gloo_ns[s]
                 if tok_ns is not None:  # the same arrivals with every rank at other token counts
                     own = c - tok_ns[:, j]
+                    mean_tok = self.mean_tok_ns_s if self.lag else self.mean_tok_ns[s]
                     coupling.dp_cost_vs_mirror_ns[s] = c.max() - (own + self.mirror_tok_ns[s]).max()
-                    coupling.dp_imbalance_ns[s] = c.max() - int(np.rint((own + self.mean_tok_ns[s]).max()))
+                    coupling.dp_imbalance_ns[s] = c.max() - int(np.rint((own + mean_tok).max()))
             elif (c > coupling.dp_end_ns[s] - coupling.gloo_ns[s]).any():
                 raise AssertionError(f"step {s}: rank arrival after the coupled DP all-reduce end")
             sp["dp_e"][:, j] = coupling.dp_end_ns[s]
+            w = coupling.dp_end_ns[s] - coupling.gloo_ns[s] - sp["dp_b"][:, j]
+            wait_ns[:, j] += w
+            xfer_ns[:, j] += coupling.gloo_ns[s]
+            xfer_last[:, j] += np.where(w == 0, coupling.gloo_ns[s], 0)
             c = np.full(g, coupling.dp_end_ns[s] + DP_POST_NS, dtype=np.int64)
             # launch_bound: many tiny kernels, GPU idle between them
             for gi in np.nonzero(n_tiny[:, j])[0]:
@@ -382,6 +435,10 @@ class Timeline:
                     raise AssertionError(f"step {s} collective {seg}: arrival after the coupled end")
                 gs[:, j, b] = arrive
                 ge[:, j, b] = coupling.coll_end_ns[s, seg]
+                w = coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
+                wait_ns[:, j] += w
+                xfer_ns[:, j] += coupling.xfer_ns[s, seg]
+                xfer_last[:, j] += np.where(w == 0, coupling.xfer_ns[s, seg], 0)
                 gpu = ge[:, j, b].copy()
                 # host_sync: an extra stream sync after this combine, M ms beyond the GPU drain
                 hit = (hs_coll == seg) & (hs_ns[:, j] > 0)
@@ -403,11 +460,105 @@ class Timeline:
             sp["step_e"][:, j] = c = c + STEP_POST_NS
             c_next = c + inter[:, j]
 
+        gpu_ns = np.where(self.is_coll, 0, ge - gs).sum(axis=-1)
+        for (gi, j), (_, _, t_gs, t_ge) in tiny.items():
+            gpu_ns[gi, j] += int((t_ge - t_gs).sum())
         res = ChunkResult(
             ranks=ranks, step0=step0, n=n, spans=sp, ls=ls, le=le, gs=gs, ge=ge,
             batch=batch, delay_ns=delay, loads=loads,
             comm_b=ls[..., coll_idx] - pre[..., coll_idx], comm_e=le[..., coll_idx] + post[..., coll_idx],
             tiny=tiny, n_prefill=n_prefill, prefill_tokens=prefill_tokens,
+            gpu_ns=gpu_ns, wait_ns=wait_ns, xfer_ns=xfer_ns, xfer_last_ns=xfer_last,
+        )
+        return res, c_next, gpu
+
+    def _lag_tokens(self, s, j, ranks, c, coupling: Coupling, computing: bool, batch, n_prefill, prefill_tokens,
+                    tok_ns) -> None:
+        """Lag replay: the step's tokens per rank, admitted by the step's start time (the earliest
+        rank's: the ranks run in lockstep, and one shared instant keeps a lag of 0 a mirror)."""
+        lt = coupling.lag_tokens
+        assert lt is not None
+        if computing:
+            npf, ptk, ndc = self._lag_state.admit(s, int(c.min()))
+            lt["n_prefill"][:, s], lt["prefill_tokens"][:, s], lt["n_decode"][:, s] = npf, ptk, ndc
+        n_prefill[:, j] = lt["n_prefill"][ranks, s]
+        prefill_tokens[:, j] = lt["prefill_tokens"][ranks, s]
+        batch[:, j] = lt["n_decode"][ranks, s]
+        tok_ns[:, j] = (prefill_tokens[:, j] + batch[:, j]) * np.int64(self.cfg.token_ns)
+        if computing:
+            self.mean_tok_ns_s = float((lt["prefill_tokens"][:, s] + lt["n_decode"][:, s]).mean()) * self.cfg.token_ns
+
+    def _bench_chunk(self, ranks, step0, n, d, coupling: Coupling, c_next, gpu):
+        """GPU-only run (vLLM's ``bench forward``): the same batches' forward back to back, replayed as a
+        graph (the host far ahead of the GPU), timed by a sync after each; no scheduler, DP all-reduce,
+        sampling or output processing. Same draws as the serving run, so the same kernel durations."""
+        cfg, prog, inj = self.cfg, self.prog, self.inj
+        g, k = len(ranks), prog.n
+        steps = np.arange(step0, step0 + n)
+        sl = np.ix_(ranks, steps)
+        lat = stats.LAUNCH_LATENCY_US.ns(d["lat"])
+        dur = np.rint(self.dur_med * np.exp(self.dur_sig * d["dur"])).astype(np.int64)
+        load_scale = np.clip(1.0 + 0.05 * d["load"], 0.5, None)
+        exp_dur = dur[..., self.expert_idx].astype(np.float64) * load_scale[..., self.expert_layer]
+        hot = inj.hot_factor[sl] * (1.0 + inj.ms["hot_experts"][sl] * 1e6 / np.maximum(exp_dur.sum(-1), 1.0))
+        dur[..., self.expert_idx] = np.rint(exp_dur * hot[..., None]).astype(np.int64)
+        loads = np.rint(cfg.batch_per_rank * cfg.topk * load_scale * hot[..., None]).astype(np.int64)
+        batch, n_prefill, prefill_tokens = d["batch"], None, None
+        if self.replay is not None:  # the serving run's batches: decodes and prefills
+            batch = self.replay.n_decode[sl]
+            n_prefill, prefill_tokens = self.replay.n_prefill[sl], self.replay.prefill_tokens[sl]
+        ls, le, gs, ge = (np.zeros((g, n, k), np.int64) for _ in range(4))
+        sp = {f"{name}_{x}": np.zeros((g, n), np.int64) for name in SPANS for x in "be"}
+        wait_ns = np.zeros((g, n), np.int64)
+        xfer_ns = np.zeros((g, n), np.int64)
+        xfer_last = np.zeros((g, n), np.int64)  # transfers at the sync points where this rank came last
+        computing = not coupling.complete
+        fwd_last = prog.sampler_first - 1
+        pre = np.where(self.is_coll, COLL_PRE_NS, 0).astype(np.int64)
+        post = np.where(self.is_coll, COLL_POST_NS, 0).astype(np.int64)
+        step_inc = BENCH_GAP_NS + pre + BENCH_LAUNCH_NS + post  # (k,) host time per launch
+        for j in range(n):
+            s = step0 + j
+            c = c_next.copy()
+            sp["em_b"][:, j] = c
+            sp["ann_b"][:, j] = c = c + ANN_PRE_NS
+            # launches of the whole forward, back to back
+            cum = c[:, None] + np.cumsum(step_inc[: fwd_last + 1])[None, :]
+            ls[:, j, : fwd_last + 1] = cum - BENCH_LAUNCH_NS - post[: fwd_last + 1]
+            le[:, j, : fwd_last + 1] = ls[:, j, : fwd_last + 1] + BENCH_LAUNCH_NS
+            seg_start = 0
+            for seg, b in enumerate(list(self.coll_idx) + [fwd_last + 1]):
+                rs = slice(seg_start, b)
+                if b > seg_start:
+                    gs[:, j, rs], ge[:, j, rs] = _serial_gpu(ls[:, j, rs] + lat[:, j, rs], dur[:, j, rs], gpu)
+                    gpu = ge[:, j, b - 1].copy()
+                if b > fwd_last:
+                    break
+                arrive = np.maximum(ls[:, j, b] + lat[:, j, b], gpu)
+                if computing:
+                    coupling.coll_end_ns[s, seg] = arrive.max() + coupling.xfer_ns[s, seg]
+                gs[:, j, b] = arrive
+                ge[:, j, b] = coupling.coll_end_ns[s, seg]
+                w = coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
+                wait_ns[:, j] += w
+                xfer_ns[:, j] += coupling.xfer_ns[s, seg]
+                xfer_last[:, j] += np.where(w == 0, coupling.xfer_ns[s, seg], 0)
+                gpu = ge[:, j, b].copy()
+                seg_start = b + 1
+            sp["ss_b"][:, j] = le[:, j, fwd_last] + SYNC_PRE_NS
+            sp["ss_e"][:, j] = np.maximum(sp["ss_b"][:, j] + SYNC_MIN_NS, ge[:, j, fwd_last] + SYNC_POST_NS)
+            sp["ann_e"][:, j] = sp["ss_e"][:, j] + 1_000
+            sp["em_e"][:, j] = sp["ann_e"][:, j] + EXEC_PRE_NS
+            sp["step_b"][:, j], sp["step_e"][:, j] = sp["ann_b"][:, j], sp["ann_e"][:, j]
+            c_next = sp["em_e"][:, j] + BENCH_INTERSTEP_NS
+        coll_idx = self.coll_idx
+        gpu_ns = np.where(self.is_coll, 0, ge - gs).sum(axis=-1)
+        zeros = {kind: np.zeros((g, n), np.int64) for kind in INJECT_COLUMNS}
+        res = ChunkResult(
+            ranks=ranks, step0=step0, n=n, spans=sp, ls=ls, le=le, gs=gs, ge=ge, batch=batch, delay_ns=zeros,
+            loads=loads, comm_b=ls[..., coll_idx] - pre[coll_idx], comm_e=le[..., coll_idx] + post[coll_idx],
+            gpu_ns=gpu_ns, wait_ns=wait_ns, xfer_ns=xfer_ns, xfer_last_ns=xfer_last, bench=True,
+            n_prefill=n_prefill, prefill_tokens=prefill_tokens,
         )
         return res, c_next, gpu
 

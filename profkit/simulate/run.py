@@ -19,6 +19,8 @@ import orjson
 
 from profkit.simulate import identity as ident_mod
 from profkit.simulate.clock import CONVENTION, host_clocks
+from dataclasses import replace
+
 from profkit.simulate.config import INJECT_KINDS, Inject, SimConfig
 from profkit.simulate.identity import SPAN_NAMES, RankIdentity, identities
 from profkit.simulate.kineto import KinetoRankWriter
@@ -31,6 +33,9 @@ from profkit.simulate.nsys import file_name as nsys_file
 from profkit.simulate.truth import Truth
 
 EXPERT_LOADS_FILE = "expert_loads.json"
+#: routed experts per EP rank the simulated loads stand for (written to expert_loads.json, so the
+#: uniform-routing baseline can be computed for them)
+EXPERTS_PER_RANK = 8
 
 
 def simulate(
@@ -112,6 +117,8 @@ class _TruthAccumulator:
         self.loads = np.zeros((cfg.steps, cfg.layers, cfg.ranks), dtype=np.int64)
         self.step_b = np.zeros(cfg.steps, dtype=np.int64)
         self.step_e = np.zeros(cfg.steps, dtype=np.int64)
+        self.parts = {k: np.zeros((cfg.steps, cfg.ranks), dtype=np.int64) for k in ("step", "gpu", "wait", "xfer", "xfer_last")}
+        self.tokens = np.zeros((cfg.steps, cfg.ranks), dtype=np.int64)
 
     def add(self, res: ChunkResult) -> None:
         s0, n = res.step0, res.n
@@ -122,6 +129,14 @@ class _TruthAccumulator:
         self.loads[s0:s0 + n, :, res.ranks] = res.loads.transpose(1, 2, 0)
         self.step_b[s0:s0 + n] = res.spans["step_b"].min(axis=0)
         self.step_e[s0:s0 + n] = res.spans["step_e"].max(axis=0)
+        self.tokens[s0:s0 + n, res.ranks] = res.tokens.T
+        self.parts["step"][s0:s0 + n, res.ranks] = (res.spans["step_e"] - res.spans["step_b"]).T
+        for key in ("gpu", "wait", "xfer", "xfer_last"):
+            self.parts[key][s0:s0 + n, res.ranks] = getattr(res, f"{key}_ns").T
+
+    def decomposition(self) -> dict:
+        """truth.json's ``decomposition``: every step split into GPU, host, waiting and transfer."""
+        return decomposition_truth(self.parts)
 
     def finish(self, coupling: Coupling, who: list[RankIdentity], out: Path, timeline: Timeline) -> Truth:
         cfg = self.cfg
@@ -138,6 +153,7 @@ class _TruthAccumulator:
         (out / EXPERT_LOADS_FILE).write_bytes(orjson.dumps({
             "layout": "tokens[step][layer][rank]: tokens routed to the experts hosted on each rank",
             "steps": cfg.steps, "layers": cfg.layers, "ranks": cfg.ranks, "topk": cfg.topk,
+            "experts": cfg.ranks * EXPERTS_PER_RANK,
             "tokens": self.loads,
         }, option=orjson.OPT_SERIALIZE_NUMPY))
         file_of = kineto_file if cfg.fmt == "kineto" else nsys_file
@@ -148,10 +164,17 @@ class _TruthAccumulator:
             "cpu_scale": cfg.cpu_scale, "start_epoch_ns": cfg.start_epoch_ns,
             "injects": [inj.to_json() for inj in cfg.injects],
         }
-        extra = {}
+        params.update(gpu_scale=cfg.gpu_scale, host_jitter_ms=cfg.host_jitter_ms, bench_forward=cfg.bench_forward)
+        extra = {"decomposition": self.decomposition()}
         if timeline.replay is not None:
-            params.update(replay=cfg.replay, replay_seed=cfg.replay_seed, token_ns=cfg.token_ns)
+            params.update(replay=cfg.replay, replay_seed=cfg.replay_seed, token_ns=cfg.token_ns, workload=cfg.workload)
             extra["replay"] = replay_truth(cfg, timeline.replay, coupling)
+        elif timeline.lag:
+            params.update(replay=cfg.replay, replay_seed=cfg.replay_seed, token_ns=cfg.token_ns, workload=cfg.workload,
+                          lag_ms=cfg.lag_ms)
+            extra["replay"] = lag_truth(cfg, coupling, self)
+        if cfg.bench_forward:
+            extra["bench_forward"] = bench_truth(cfg, self)
         return Truth(
             params=params,
             convention=CONVENTION,
@@ -192,8 +215,8 @@ def replay_truth(cfg: SimConfig, rep: ReplayTokens, coupling: Coupling) -> dict:
         balancedness = np.where(mx > 0, mean / np.maximum(mx, 1), np.nan)
     return {
         "mode": rep.mode, "seed": cfg.replay_seed, "token_ns": cfg.token_ns,
-        "balancer": replay_mod.BALANCER if rep.mode == "lag" else "copy r -> rank r",
-        "lag_steps": replay_mod.LAG_STEPS if rep.mode == "lag" else 0,
+        "balancer": replay_mod.BALANCER if rep.mode == "round-robin" else "copy r -> rank r",
+        "lag_steps": replay_mod.LAG_STEPS if rep.mode == "round-robin" else 0,
         "rate_per_step": replay_mod.RATE, "warmup_steps": replay_mod.WARMUP,
         "prompt": {"median": replay_mod.PROMPT_MEDIAN, "sigma": replay_mod.PROMPT_SIGMA,
                    "range": list(replay_mod.PROMPT_RANGE)},
@@ -211,4 +234,95 @@ def replay_truth(cfg: SimConfig, rep: ReplayTokens, coupling: Coupling) -> dict:
         "cost_ns_mean": float(cost.mean()),
         "imbalance_ns": imbalance,
         "imbalance_ns_mean": float(imbalance.mean()),
+    }
+
+
+def decomposition_truth(parts: dict[str, np.ndarray]) -> dict:
+    """Per step (mean over ranks) and overall: step time = GPU computing + transfers + waiting + host.
+
+    ``gpu_ns``: kernels and copies the rank ran in the step; ``wait_ns``: at every sync point (DP
+    all-reduce, each all-to-all) the last arrival minus the rank's own; ``transfer_ns``: the sync
+    points' own time once all had arrived; ``host_ns``: the rest (the GPU idle while the host
+    worked). A trace shows a waiting rank's transfer only as the end of its wait, so the split a
+    trace can give is ``observed``: ``wait_ns`` = waiting plus the transfers of the sync points where
+    the rank was not last (profkit: ``waiting for rank k`` / ``wait:*``), ``gpu_ns`` = computing plus
+    the transfers where it was last (``transfer:*``), ``host_ns`` the same."""
+    step, gpu, wait, xfer, last = (parts[k].astype(np.float64) for k in ("step", "gpu", "wait", "xfer", "xfer_last"))
+    host = step - gpu - wait - xfer
+    per = {"step_ns": step, "gpu_ns": gpu, "wait_ns": wait, "transfer_ns": xfer, "host_ns": host}
+    out: dict = {k + "_mean": float(v.mean()) for k, v in per.items()}
+    out["per_step"] = {k: v.mean(axis=1) for k, v in per.items()}
+    obs = {"step_ns": step, "gpu_ns": gpu + last, "host_ns": host, "wait_ns": wait + xfer - last}
+    out["observed"] = {k + "_mean": float(v.mean()) for k, v in obs.items()}
+    out["observed"]["per_step"] = {k: v.mean(axis=1) for k, v in obs.items()}
+    return out
+
+
+def lag_truth(cfg: SimConfig, coupling: Coupling, acc: "_TruthAccumulator") -> dict:
+    """truth.json's ``replay`` for the lag replay: what was replayed, when each rank admitted it, and the
+    known cost: this run's throughput against its mirror twin (same seeds, lag 0), computed here."""
+    lag = coupling.lag_replay
+    assert lag is not None and coupling.dp_imbalance_ns is not None
+    tokens = acc.tokens  # [step][rank]
+    twin_step, twin_tokens = mirror_twin(cfg)
+    step_mean, twin_mean = acc.parts["step"].mean(axis=1), twin_step.mean(axis=1)
+    mx, mean = tokens.max(axis=1), tokens.mean(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        balancedness = np.where(mx > 0, mean / np.maximum(mx, 1), np.nan)
+    thr = float(tokens.sum() / step_mean.sum() * 1e9)
+    twin_thr = float(twin_tokens.sum() / twin_mean.sum() * 1e9)
+    return {
+        "mode": "lag", "seed": cfg.replay_seed, "token_ns": cfg.token_ns, "workload": cfg.workload,
+        "lag_ms": cfg.lag_ms, "lag_ns_per_rank": lag.shift, "nominal_step_ns": replay_mod.NOMINAL_STEP_NS,
+        "balancer": "copy r -> rank r, r x lag later",
+        "base_requests": int(len(lag.base)),
+        "requests": {"columns": ["base", "copy", "rank", "arrival_step", "admitted_step", "prompt_tokens",
+                                 "output_tokens"], "rows": lag.requests_table()},
+        "tokens": tokens, "tokens_served": int(tokens.sum()),
+        "balancedness": [None if not np.isfinite(b) else float(b) for b in balancedness],
+        "step_ns_mean": step_mean,
+        "imbalance_ns": coupling.dp_imbalance_ns, "imbalance_ns_mean": float(coupling.dp_imbalance_ns.mean()),
+        "throughput_tokens_per_s": thr,
+        "mirror_twin": {"step_ns_mean": twin_mean, "tokens": twin_tokens, "tokens_served": int(twin_tokens.sum()),
+                        "throughput_tokens_per_s": twin_thr},
+        "throughput_change": thr / twin_thr - 1.0,
+    }
+
+
+def mirror_twin(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(step ns, tokens), each [step][rank], of the mirror replay with this run's seeds (no files)."""
+    twin = Timeline(replace(cfg, replay="mirror"))
+    coupling = twin.new_coupling()
+    steps = np.zeros((cfg.steps, cfg.ranks), np.int64)
+    tokens = np.zeros((cfg.steps, cfg.ranks), np.int64)
+    for res in twin.run(np.arange(cfg.ranks), coupling):
+        steps[res.step0:res.step0 + res.n] = (res.spans["step_e"] - res.spans["step_b"]).T
+        tokens[res.step0:res.step0 + res.n] = res.tokens.T
+    return steps, tokens
+
+
+def bench_truth(cfg: SimConfig, acc: "_TruthAccumulator") -> dict:
+    """truth.json's ``bench_forward``: the serving run with the same seeds (computed here, no files) and
+    the gap of each of its steps over this GPU-only run, with the serving step's split."""
+    serving = Timeline(replace(cfg, bench_forward=False))
+    coupling = serving.new_coupling()
+    parts = {k: np.zeros((cfg.steps, cfg.ranks), np.int64) for k in ("step", "gpu", "wait", "xfer", "xfer_last")}
+    spans = {k: np.zeros((cfg.steps, cfg.ranks), np.int64) for k in ("sched", "prep", "dp", "st", "upd", "gc")}
+    for res in serving.run(np.arange(cfg.ranks), coupling):
+        sl = slice(res.step0, res.step0 + res.n)
+        parts["step"][sl, res.ranks] = (res.spans["step_e"] - res.spans["step_b"]).T
+        for key in ("gpu", "wait", "xfer", "xfer_last"):
+            parts[key][sl, res.ranks] = getattr(res, f"{key}_ns").T
+        for key in spans:
+            spans[key][sl, res.ranks] = (res.spans[f"{key}_e"] - res.spans[f"{key}_b"]).T
+    gpu_only = acc.parts["step"].astype(np.float64)
+    gap = parts["step"] - gpu_only
+    return {
+        "gpu_only_step_ns": gpu_only.mean(axis=1), "serving_step_ns": parts["step"].mean(axis=1),
+        "gap_ns": gap.mean(axis=1), "gap_ns_mean": float(gap.mean()),
+        "gpu_only_step_ns_mean": float(gpu_only.mean()), "serving_step_ns_mean": float(parts["step"].mean()),
+        "serving": decomposition_truth(parts),
+        "serving_spans_ns_mean": {name: float(spans[key].mean()) for key, name in
+                                  (("sched", "Scheduler.schedule"), ("prep", "prepare_inputs"), ("dp", "dp_allreduce"),
+                                   ("st", "sample_tokens"), ("upd", "update_from_output"), ("gc", "gc.collect"))},
     }
