@@ -19,15 +19,9 @@ HOSTILE = "</script><script>alert(1)</script>"
 
 
 def analyze_into(capture: str, out: Path) -> Path:
-    """``profkit analyze CAPTURE -o OUT``; ``cause_steps.csv`` added when analyze does not write it yet."""
+    """``profkit analyze CAPTURE -o OUT``; it writes ``cause_steps.csv`` itself (checked)."""
     assert main(["analyze", str(SAMPLES / capture), "-o", str(out), "-q"]) == 0
-    if not (out / "cause_steps.csv").exists():
-        from profkit.analyze.compare import cause_step_samples
-        from profkit.analyze.pipeline import analyze
-        from profkit.ingest.loader import load
-
-        a = analyze(load(SAMPLES / capture))
-        cause_step_samples(a.events, a.steps).to_csv(out / "cause_steps.csv", index=False)
+    assert (out / "cause_steps.csv").is_file(), "profkit analyze did not write cause_steps.csv"
     return out
 
 
