@@ -63,7 +63,8 @@ def processes_of(out: Path) -> list[int]:
     return found
 
 
-def wait_for_steps(out: Path, ranks: int, steps: int, proc: subprocess.Popen, timeout: float = 90) -> dict[int, int]:
+def wait_for_steps(out: Path, ranks: int, steps: int, proc: subprocess.Popen, timeout: float = 300) -> dict[int, int]:
+    """Poll the span files until every rank has done ``steps`` steps; ``timeout`` guards a hang."""
     from profkit.capture.spanscan import SpanScan
 
     scan = SpanScan(out)
@@ -482,7 +483,7 @@ def test_stop_ladder_escalates(tmp_path, monkeypatch):
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(600)")
     clock = FakeClock()
     monkeypatch.setattr(process, "time", clock)
-    child = process.Child([sys.executable, "-c", code, str(ready)], dict(os.environ), grace_s=5.0, kill_after_s=3.0)
+    child = process.Child([sys.executable, "-c", code, str(ready)], dict(os.environ), grace_s=4.0, kill_after_s=2.0)
     child.start()
     try:
         deadline = time.monotonic() + 120  # a hang guard: the handshake below is the real wait
@@ -490,13 +491,13 @@ def test_stop_ladder_escalates(tmp_path, monkeypatch):
             assert child.poll() is None and time.monotonic() < deadline, "the child never got ready"
             time.sleep(0.02)
         assert child.escalate() == signal.SIGINT and child.signals_sent == ["SIGINT"]
-        clock.now += 4.9
+        clock.now += 3.5  # steps that add exactly in binary floating point
         assert child.tick() is None and child.poll() is None  # inside the grace: ignored, still running
-        clock.now += 0.1
+        clock.now += 0.5
         assert child.tick() == signal.SIGTERM
-        clock.now += 2.9
+        clock.now += 1.5
         assert child.tick() is None and child.signals_sent == ["SIGINT", "SIGTERM"]
-        clock.now += 0.1
+        clock.now += 0.5
         assert child.tick() == signal.SIGKILL
         assert child.proc.wait(timeout=120) == -signal.SIGKILL
         assert child.signals_sent == ["SIGINT", "SIGTERM", "SIGKILL"] and child.tick() is None

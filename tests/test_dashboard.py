@@ -166,7 +166,7 @@ def test_dashboard_renders_in_headless_chromium(history, tmp_path):
             page.on("request", lambda r: requests.append(r.url))
             page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
             page.goto(out.as_uri())
-            page.wait_for_function(f"document.querySelectorAll('.plot .main-svg').length >= {n_panels}", timeout=30000)
+            page.wait_for_function(f"document.querySelectorAll('.plot .main-svg').length >= {n_panels}", timeout=120_000)  # hang guard
             rendered = page.evaluate("Array.from(document.querySelectorAll('.plot')).map(d => d.querySelectorAll('path.js-line, .scatterlayer .trace').length)")
             body = page.evaluate("document.body.innerText")
             ARTIFACTS.mkdir(parents=True, exist_ok=True)

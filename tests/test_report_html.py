@@ -83,7 +83,7 @@ def open_report(browser, path: Path, shot_name: str) -> dict:
     page.wait_for_function(
         "n => document.querySelectorAll('.js-plotly-plot').length === n && "
         "[...document.querySelectorAll('.js-plotly-plot')].every(d => d.querySelector('svg.main-svg'))",
-        arg=n_divs, timeout=30_000,
+        arg=n_divs, timeout=120_000,  # a hang guard: it returns once every plot has drawn
     )
     shot = artifacts_dir() / shot_name
     page.screenshot(path=str(shot), full_page=True)

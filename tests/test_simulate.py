@@ -457,7 +457,7 @@ def test_python_dash_m(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "profkit.simulate", "--ranks", "2", "--steps", "2", "--seed", "4",
          "--layers", "1", "-q", "-o", str(tmp_path)],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=60,
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300,  # a hang guard
     )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "truth.json").exists()
@@ -465,7 +465,7 @@ def test_python_dash_m(tmp_path):
 
 def test_no_torch_import():
     code = "import sys, profkit.simulate; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1], timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
 
 
 # ---- read back through profkit's readers --------------------------------------------------------------
