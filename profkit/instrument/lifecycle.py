@@ -3,8 +3,9 @@
 Flush points: ``atexit``; SIGTERM/SIGINT (flush, then hand the signal to whatever handled it
 before: the previous Python handler or the default action re-raised; a signal the process
 ignores is left ignored, with no handler of ours, so the process and the programs it starts
-behave as without profkit); multiprocessing children (fork: ``os._exit`` skips atexit, so a multiprocessing
-finalizer flushes instead); a full buffer or the periodic timer (writer thread); ``flush()``.
+behave as without profkit); multiprocessing children (fork: ``os._exit`` skips atexit, so a
+multiprocessing finalizer flushes instead); a full buffer or the periodic timer (writer
+thread); ``flush()``.
 After ``fork`` the child gets its own file (``spans-pid{childpid}.jsonl``), not the parent's spans.
 """
 from __future__ import annotations
