@@ -63,7 +63,8 @@ def processes_of(out: Path) -> list[int]:
     return found
 
 
-def wait_for_steps(out: Path, ranks: int, steps: int, proc: subprocess.Popen, timeout: float = 90) -> dict[int, int]:
+def wait_for_steps(out: Path, ranks: int, steps: int, proc: subprocess.Popen, timeout: float = 300) -> dict[int, int]:
+    """Poll the span files until every rank has done ``steps`` steps; ``timeout`` guards a hang."""
     from profkit.capture.spanscan import SpanScan
 
     scan = SpanScan(out)
@@ -91,11 +92,16 @@ def by_step(spans: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- the CI capture: 4 ranks, GC injected on rank 2 --------------------------------------------------
+#: a 40 ms pause every 5 steps: several times what a loaded 2-core machine's scheduler adds to a
+#: rank's step (4 ranks on 2 cores, the other xdist worker and a CPU hog beside them: < 15 ms)
+GC_INJECT = "gc:rank=2,every=5,ms=40"
+
+
 @pytest.fixture(scope="module")
 def gc_capture(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("cap") / "gc"
-    proc = run_capture(out, cmd=[*ENGINE, "--ranks", "4", "--steps", "30", "--inject", "gc:rank=2,every=5",
+    proc = run_capture(out, cmd=[*ENGINE, "--ranks", "4", "--steps", "30", "--inject", GC_INJECT,
                                  "--out", str(out / "engine")])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "steps r0" in proc.stderr and "manifest:" in proc.stderr  # progress and the summary
@@ -155,6 +161,11 @@ def test_analyze_names_rank_2_the_straggler_with_gc(gc_capture, tmp_path):
     per_rank = pd.read_csv(out / "stragglers.csv")
     row = per_rank.set_index("rank").loc[2]
     assert row["top_cause"] == "gc" and row["score"] < 1.0
+    # the cause's size is the injected pauses: what the engine measured around its gc.collect()
+    # calls (the peers' GC is frozen, so all of it is excess); 20% for where a window cuts a pause
+    injected_ns = sum(f["measured_ns"] for line in (gc_capture / "engine" / "rank2.steps.jsonl").read_text().splitlines()
+                      for f in json.loads(line)["faults"] if f["kind"] == "gc")
+    assert row["top_cause_ns"] == pytest.approx(injected_ns, rel=0.2), (row["top_cause_ns"], injected_ns)
     assert per_rank.set_index("rank")["caused_wait_ns"].idxmax() == 2
     causes = pd.read_csv(out / "causes.csv")
     assert "waiting for rank 2" in set(causes["cause"]) and "gc" in set(causes["cause"])
@@ -162,8 +173,7 @@ def test_analyze_names_rank_2_the_straggler_with_gc(gc_capture, tmp_path):
 
 def test_manifest_describes_the_capture(gc_capture):
     m = manifest(gc_capture)
-    assert m["profkit_capture"] == 1 and m["command"][-8:-2] == ["--ranks", "4", "--steps", "30", "--inject",
-                                                                  "gc:rank=2,every=5"]
+    assert m["profkit_capture"] == 1 and m["command"][-8:-2] == ["--ranks", "4", "--steps", "30", "--inject", GC_INJECT]
     assert {k: m["exit"][k] for k in ("interrupted", "signals_sent", "status", "signal", "how")} == \
         {"interrupted": False, "signals_sent": [], "status": 0, "signal": None, "how": "exited 0"}
     assert m["end"]["wall_ns"] > m["start"]["wall_ns"] and m["duration_s"] > 0
@@ -250,26 +260,25 @@ def test_pyspy_per_rank(torch_pyspy_capture):
 
 
 # -- stopping: Ctrl-C, a killed rank, a crashing rank ---------------------------------------------------
-def test_sigint_stops_everything_quickly_and_keeps_data(tmp_path):
+def test_sigint_stops_everything_and_keeps_data(tmp_path):
+    """One Ctrl-C ends every rank: the ladder never needs SIGTERM (its grace is made long, so the
+    verdict does not depend on how fast a loaded machine tears the ranks down)."""
     pytest.importorskip("torch")
     out = tmp_path / "sigint"
-    proc = subprocess.Popen(capture_cmd(out, cmd=[*ENGINE, "--ranks", "2", "--steps", "100000", "--out",
-                                                  str(out / "engine")]),
+    proc = subprocess.Popen(capture_cmd(out, "--grace", "600", cmd=[*ENGINE, "--ranks", "2", "--steps", "100000",
+                                                                    "--out", str(out / "engine")]),
                             cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_steps(out, 2, 5, proc)
-        t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=20)
-        took = time.monotonic() - t0
+        proc.wait(timeout=300)  # a hang guard only
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert took < 10, f"profkit capture took {took:.1f} s to stop"
     assert proc.returncode == 130
     assert processes_of(out) == []
     m = manifest(out)
-    assert m["exit"]["interrupted"] and m["exit"]["signals_sent"][0] == "SIGINT"
+    assert m["exit"]["interrupted"] and m["exit"]["signals_sent"] == ["SIGINT"]  # SIGINT alone stopped them
     assert [r["complete"] for r in m["ranks"]] == [True, True]
     assert all(p["end"] == "signal" for r in m["ranks"] for p in r["processes"])
     from profkit.ingest.loader import load
@@ -468,21 +477,50 @@ def test_nsys_wrapping_and_export(tmp_path):
     assert nsys["steps"] == [10, 30] and nsys["env"] == "PROFKIT_CUDA_PROFILER_STEPS=10:30" and not nsys["error"]
 
 
-def test_stop_ladder_escalates(tmp_path):
-    """A command that ignores SIGINT and SIGTERM is still gone within grace + kill_after."""
-    from profkit.capture.process import Child
+class FakeClock:
+    """Stands in for ``time`` in ``profkit.capture.process``: the ladder's clock moves only when
+    the test says so (real sleeps still sleep)."""
 
-    code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)"
-    child = Child([sys.executable, "-c", code], dict(os.environ), grace_s=0.5, kill_after_s=0.5)
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleep = time.sleep
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_stop_ladder_escalates(tmp_path, monkeypatch):
+    """A command that ignores SIGINT and SIGTERM gets SIGTERM once ``grace_s`` has passed, SIGKILL
+    ``kill_after_s`` later, and not before (on the ladder's own clock, so load cannot move it)."""
+    from profkit.capture import process
+
+    ready = tmp_path / "ready"
+    code = ("import pathlib, signal, sys, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(600)")
+    clock = FakeClock()
+    monkeypatch.setattr(process, "time", clock)
+    child = process.Child([sys.executable, "-c", code, str(ready)], dict(os.environ), grace_s=4.0, kill_after_s=2.0)
     child.start()
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    assert child.escalate() == signal.SIGINT
-    while child.poll() is None and time.monotonic() - t0 < 10:
-        child.tick()
-        time.sleep(0.05)
-    assert child.poll() == -signal.SIGKILL and child.signals_sent == ["SIGINT", "SIGTERM", "SIGKILL"]
-    assert time.monotonic() - t0 < 3
+    try:
+        deadline = time.monotonic() + 120  # a hang guard: the handshake below is the real wait
+        while not ready.exists():  # both signals are ignored from here on
+            assert child.poll() is None and time.monotonic() < deadline, "the child never got ready"
+            time.sleep(0.02)
+        assert child.escalate() == signal.SIGINT and child.signals_sent == ["SIGINT"]
+        clock.now += 3.5  # steps that add exactly in binary floating point
+        assert child.tick() is None and child.poll() is None  # inside the grace: ignored, still running
+        clock.now += 0.5
+        assert child.tick() == signal.SIGTERM
+        clock.now += 1.5
+        assert child.tick() is None and child.signals_sent == ["SIGINT", "SIGTERM"]
+        clock.now += 0.5
+        assert child.tick() == signal.SIGKILL
+        assert child.proc.wait(timeout=120) == -signal.SIGKILL
+        assert child.signals_sent == ["SIGINT", "SIGTERM", "SIGKILL"] and child.tick() is None
+    finally:
+        if child.poll() is None:
+            child.proc.kill()
+            child.proc.wait()
 
 
 def test_manifest_verdicts():

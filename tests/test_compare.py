@@ -141,18 +141,10 @@ def test_threshold_parsing():
 
 
 # ---- the CLI on real captures ------------------------------------------------------------------------
-def analyze_into(capture: str, out: Path, cause_steps: bool = True) -> Path:
-    """``profkit analyze CAPTURE -o OUT``; ``cause_steps.csv`` added when analyze does not write it yet."""
+def analyze_into(capture: str, out: Path) -> Path:
+    """``profkit analyze CAPTURE -o OUT``; it writes ``cause_steps.csv`` itself (checked)."""
     assert main(["analyze", str(SAMPLES / capture), "-o", str(out), "-q"]) == 0
-    if cause_steps and not (out / "cause_steps.csv").exists():
-        from profkit.analyze.compare import cause_step_samples
-        from profkit.analyze.pipeline import analyze
-        from profkit.ingest.loader import load
-
-        a = analyze(load(SAMPLES / capture))
-        cause_step_samples(a.events, a.steps).to_csv(out / "cause_steps.csv", index=False)
-    if not cause_steps:
-        (out / "cause_steps.csv").unlink(missing_ok=True)
+    assert (out / "cause_steps.csv").is_file(), "profkit analyze did not write cause_steps.csv"
     return out
 
 
@@ -168,6 +160,25 @@ def outs(tmp_path_factory):
             "nsys_clean": analyze_into("nsys_clean", base / "nsys_clean"),
             "nsys_straggler": analyze_into("nsys_straggler", base / "nsys_straggler"),
         }
+
+
+@pytest.mark.parametrize("name", ["torch_straggler", "nsys_straggler"])
+def test_analyze_writes_the_cause_samples_behind_causes_csv(outs, name):
+    """``cause_steps.csv`` (written by ``profkit analyze``, nothing else) is ``causes.csv`` split by
+    (rank, step): the same causes, the same totals to the nanosecond, only steps of ``steps.csv``,
+    and the injected straggler's waits in it (rank 0 waiting for rank 1)."""
+    out = outs[name]
+    samples = pd.read_csv(out / "cause_steps.csv")
+    assert list(samples.columns) == ["rank", "step", "cause", "ns"]
+    assert not samples.duplicated(["rank", "step", "cause"]).any() and (samples["ns"] >= 0).all()
+    causes = pd.read_csv(out / "causes.csv").set_index("cause")["total_ns"]
+    per_cause = samples.groupby("cause")["ns"].sum()
+    per_cause = per_cause[per_cause != 0]
+    pd.testing.assert_series_equal(per_cause.sort_index(), causes.sort_index().astype("int64"), check_names=False)
+    steps = pd.read_csv(out / "steps.csv")
+    assert set(zip(samples["rank"], samples["step"])) <= set(zip(steps["rank"], steps["step"]))
+    waits = samples[samples["cause"] == "waiting for rank 1"]
+    assert len(waits) and set(waits["rank"]) == {0}
 
 
 def test_same_capture_twice_is_within_noise(outs, capsys, tmp_path):

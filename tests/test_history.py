@@ -23,15 +23,9 @@ SAMPLES = REPO / "sample_traces" / "engine-dep2-h200"
 
 
 def analyze_into(capture: str, out: Path) -> Path:
-    """``profkit analyze CAPTURE -o OUT``, plus ``cause_steps.csv`` when analyze does not write it yet."""
+    """``profkit analyze CAPTURE -o OUT``; it writes ``cause_steps.csv`` itself (checked)."""
     assert main(["analyze", str(SAMPLES / capture), "-o", str(out), "-q"]) == 0
-    if not (out / "cause_steps.csv").exists():
-        from profkit.analyze.compare import cause_step_samples
-        from profkit.analyze.pipeline import analyze
-        from profkit.ingest.loader import load
-
-        a = analyze(load(SAMPLES / capture))
-        cause_step_samples(a.events, a.steps).to_csv(out / "cause_steps.csv", index=False)
+    assert (out / "cause_steps.csv").is_file(), "profkit analyze did not write cause_steps.csv"
     return out
 
 
@@ -178,13 +172,35 @@ def test_history_cli_errors_name_the_problem(tmp_path, analyzed, capsys):
 # ---- concurrent writers ---------------------------------------------------------------------------
 WRITER = textwrap.dedent(
     """
-    import sys, time
-    from profkit.cli.main import main  # import first, so both writers reach the database together
-    start_at = float(sys.argv[1])
-    time.sleep(max(0.0, start_at - time.time()))
-    sys.exit(main(sys.argv[2:]))
+    import sqlite3, sys
+    from profkit.cli.main import main  # import first, so the writers reach the database together
+
+    connect = sqlite3.connect
+
+    def traced(*args, **kwargs):  # says when the write transaction is attempted (before any wait for the lock)
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(lambda sql: sql.startswith("BEGIN IMMEDIATE") and print("BEGIN", flush=True))
+        return conn
+
+    sqlite3.connect = traced
+    print("ready", flush=True)
+    sys.stdin.readline()  # the test says go to every writer at once
+    sys.exit(main(sys.argv[1:]))
     """
 )
+
+
+def _writer(db: Path, out: Path, label: str, env: dict[str, str]) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, "history", "add", str(out), "--db", str(db), "--label", label,
+                             "-q"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    return proc
+
+
+def _go(proc: subprocess.Popen) -> None:
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -194,14 +210,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _writers(db: Path, out: Path, labels: list[str], env: dict[str, str], delay_s: float = 2.5) -> list[subprocess.CompletedProcess]:
-    start_at = time.time() + delay_s
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, repr(start_at), "history", "add", str(out), "--db", str(db),
-                               "--label", label, "-q"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for label in labels]
+def _writers(db: Path, out: Path, labels: list[str], env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """Start a writer per label, wait until each has imported everything, then let all go at once."""
+    procs = [_writer(db, out, label, env) for label in labels]
+    for p in procs:
+        _go(p)
     done = []
     for p in procs:
-        stdout, stderr = p.communicate(timeout=120)
+        stdout, stderr = p.communicate(timeout=300)  # a hang guard
         done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
     return done
 
@@ -233,14 +249,14 @@ def test_writer_waits_for_a_held_write_lock(tmp_path, analyzed):
     HistoryDB(db).close()
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another CI job in the middle of its write
-    start_at = time.time() + 0.5
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, repr(start_at), "history", "add", str(analyzed), "--db", str(db),
-                             "--label", "waited", "-q"], env=_env(tmp_path), stderr=subprocess.PIPE, text=True)
-    time.sleep(max(0.0, start_at - time.time()) + 2.0)
+    proc = _writer(db, analyzed, "waited", _env(tmp_path))
+    _go(proc)
+    assert proc.stdout.readline().strip() == "BEGIN", proc.stderr.read()  # it tried to write while the lock was held
+    time.sleep(0.5)
     assert proc.poll() is None  # still waiting, not failed
     holder.execute("COMMIT")
     holder.close()
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
     with HistoryDB(db) as h:
         assert list(h.runs()["label"]) == ["waited"]
 

@@ -114,7 +114,8 @@ def test_rank_comes_from_distributed_info():
 
 
 def test_rocm_trace_from_mi300x():
-    part = part_of("tracelens/sglang_qwen3-8b_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz")
+    rel = "tracelens/sglang_qwen3-8b_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz"
+    part = part_of(rel)
     assert part.meta["platform"] == "rocm"
     assert part.meta["devices"] == ["AMD Instinct MI300X"]
     assert "roctracer_version" in part.meta["versions"]
@@ -125,8 +126,14 @@ def test_rocm_trace_from_mi300x():
     assert set(kernels["pid"]) == {part.meta["host_pid"]}
     assert set(kernels["tid"]) == {None}
     assert None not in kernels["stream"] and None not in kernels["correlation"]
-    steps = [n for n in part.table.column("name").to_pylist() if n.startswith("step[")]
-    assert steps == ["step[EXTEND bs=15 toks=15360]"] or steps  # SGLang step marker survives
+    # the SGLang step marker survives, as the one host span it is, at its time in the file
+    rows = part.table.filter(pc.starts_with(part.table.column("name"), "step[")).to_pylist()
+    (raw,) = [e for e in plain_json(rel)["traceEvents"] if str(e.get("name", "")).startswith("step[")]
+    assert [r["name"] for r in rows] == ["step[EXTEND bs=15 toks=15360]"] == [raw["name"]]
+    (row,) = rows
+    base = part.meta["base_time_ns"]
+    assert row["kind"] == S.CPU_SPAN and row["category"] == raw["cat"] == "user_annotation"
+    assert (row["start_ns"], row["end_ns"]) == (base + ns(raw["ts"]), base + ns(raw["ts"]) + ns(raw["dur"]))
 
 
 def test_trace_without_profiler_step_loads():

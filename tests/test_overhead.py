@@ -7,7 +7,6 @@ whose truth.json lists every injected delay per (step, rank, kind).
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pandas as pd
@@ -490,15 +489,12 @@ def big_capture(ranks: int, steps: int, kernels: int) -> pd.DataFrame:
     return schema.to_frame(schema.to_table(cols))
 
 
-def test_scale_32_ranks_1000_steps_in_seconds():
+def test_scale_32_ranks_1000_steps():
+    """The totals at scale (how fast is benchmarks/scale.py's business: no timed assertion here)."""
     events = big_capture(32, 1000, 10)
     steps = step_table(events)
-    t0 = time.perf_counter()
     charged = ov.attribute_gaps(events, steps)
     causes = ov.rank_causes(charged, steps)
-    took = time.perf_counter() - t0
-    print(f"32 ranks x 1000 steps, {len(charged)} charged intervals: {took:.2f} s")
-    assert took < 10  # measured ~1 s
     totals = causes.set_index("cause")["total_ns"]
     per_pair = 32 * 1000
     assert totals["Scheduler.schedule"] == per_pair * 900_000

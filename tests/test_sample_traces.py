@@ -61,3 +61,20 @@ def test_demo_command_runs_on_shipped_samples(tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [r["n_steps"] for r in summary["ranks"]] == [20, 20]
     assert "steps found by marker 'engine_step'" in capsys.readouterr().out
+
+
+def test_package_data_is_the_repository_copy():
+    """What a wheel carries for ``profkit demo`` and ``profkit dashboard`` (profkit/data) is the
+    same file as in sample_traces/ and dashboards/, not a copy that can drift."""
+    from profkit.cli.demo import DEFAULT_SAMPLE, sample_path
+    from profkit.data import shipped
+    from profkit.report.dashboard import default_spec_path, load_spec
+
+    repo = SAMPLE_TRACES.parent
+    demo = shipped("samples", DEFAULT_SAMPLE)
+    assert sample_path(DEFAULT_SAMPLE) == demo
+    assert demo.resolve() == (SAMPLE_TRACES / DEFAULT_SAMPLE).resolve()
+    assert shipped("samples", "engine-dep2-h200", "README.md").resolve() == (ENGINE / "README.md").resolve()
+    assert sorted(p.name for p in (demo / "trace").iterdir()) == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    assert default_spec_path().resolve() == (repo / "dashboards" / "default.json").resolve()
+    assert len(load_spec().panels) == 7

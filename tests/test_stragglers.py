@@ -90,6 +90,22 @@ def test_last_arriver_lateness_caused_wait_and_cause_exactly():
     assert list(per_rank.columns[:7]) == st.STRAGGLER_COLUMNS
 
 
+def test_start_up_before_the_first_step_is_not_own_work():
+    """Span files cover a process from its start: imports, model load, process-group set-up. A
+    rank whose start-up ran longer (here 50 us of ``load_model`` and unspanned time before step 0,
+    against 0 on the others) did nothing slower in serving; its first sync window starts at its
+    first step. Its real excess (a 300 ns slower schedule at step 1) is still found and named."""
+    ev = dp_capture({(2, 1): 1300})
+    start_up = frame([span("load_model", -60_000, -10_000, rank=2), span("import", -60_000, -59_000, rank=0),
+                      span("import", -60_000, -59_000, rank=1)])
+    ev = pd.concat([start_up, ev], ignore_index=True)
+    per_rank, per_inst, late = st.straggler_table(ev, step_table(ev))
+    r = per_rank.set_index("rank")
+    assert r.loc[2, "top_cause"] == "Scheduler.schedule" and r.loc[2, "top_cause_ns"] == 300
+    assert "load_model" not in set(r["top_cause"].dropna()) and "load_model" not in set(r["second_cause"].dropna())
+    assert (late.loc[late["step"] == 0, "excess_ns"].abs() == 0).all()
+
+
 def test_median_of_others_matches_brute_force():
     rng = np.random.default_rng(0)
     for n in (2, 3, 4, 5, 8):

@@ -2,18 +2,21 @@
 installing vLLM.
 
 Each wheel (~300-340 MB) is downloaded once with ``pip download --no-deps`` into
-``~/.cache/profkit-test/wheels`` (``PROFKIT_WHEEL_CACHE`` overrides) and read with ``zipfile`` +
-``ast``: each module, class and method must exist, no target may be a generator (a span would
-time only its creation) or a property, and each use-site patch (a function imported by name into
-the module that calls it) must name an attribute that module really imports, from a module that
-defines it. Skipped, with the reason, when the wheel cannot be downloaded.
+``~/.cache/profkit-test/wheels`` (``PROFKIT_WHEEL_CACHE`` overrides; a file lock makes parallel
+workers download it once) and read with ``zipfile`` + ``ast``: each module, class and method must
+exist, no target may be a generator (a span would time only its creation) or a property, and each
+use-site patch (a function imported by name into the module that calls it) must name an attribute
+that module really imports, from a module that defines it. Skipped, with the reason, when the wheel
+cannot be downloaded.
 """
 from __future__ import annotations
 
 import ast
+import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -47,21 +50,29 @@ REQUIRED = [
 
 
 def _download(version: str = VERSION) -> Path:
-    found = sorted(WHEEL_CACHE.glob(f"vllm-{version}-*.whl"))
-    if found:
-        return found[0]
+    """The cached wheel, downloaded first if missing. Several xdist workers (or test runs) may ask
+    at once: an exclusive lock on the cache serializes them (the second finds the first's wheel),
+    and pip downloads into a private folder first, so a wheel in the cache is always complete."""
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--platform", "manylinux_2_28_x86_64", f"vllm=={version}", "-d", str(WHEEL_CACHE)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot download vllm=={version}: {exc}")
-    found = sorted(WHEEL_CACHE.glob(f"vllm-{version}-*.whl"))
-    if proc.returncode != 0 or not found:
-        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        pytest.skip(f"cannot download vllm=={version} (pip exit {proc.returncode}): {last[0]}")
-    return found[0]
+    with open(WHEEL_CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        found = sorted(WHEEL_CACHE.glob(f"vllm-{version}-*.whl"))
+        if found:
+            return found[0]
+        with tempfile.TemporaryDirectory(dir=WHEEL_CACHE, prefix=".download-") as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--platform", "manylinux_2_28_x86_64", f"vllm=={version}", "-d", tmp]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                pytest.skip(f"cannot download vllm=={version}: {exc}")
+            got = sorted(Path(tmp).glob(f"vllm-{version}-*.whl"))
+            if proc.returncode != 0 or not got:
+                last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+                pytest.skip(f"cannot download vllm=={version} (pip exit {proc.returncode}): {last[0]}")
+            final = WHEEL_CACHE / got[0].name
+            os.replace(got[0], final)  # atomic: same file system
+        return final
 
 
 class Source:

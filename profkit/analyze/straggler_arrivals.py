@@ -105,7 +105,9 @@ def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame 
         ends = sync_ends[int(r)]
         j = np.searchsorted(ends, start[m], side="right") - 1
         prev_end[m] = np.where(j >= 0, ends[np.maximum(j, 0)], np.iinfo(np.int64).min)
-    floor = rows["instance"].map(common_lo).to_numpy(np.int64)
+    floor = rows["instance"].map(common_lo).to_numpy(np.int64).copy()
+    first = prev_end == np.iinfo(np.int64).min  # the rank's first sync: its window reaches back to its start-up
+    floor[first] = np.maximum(floor[first], _serving_start(rank[first], start[first], steps))
     work_start = np.maximum(prev_end, floor)
     host_start = np.maximum(_host_sync_before(inst, rank, start, steps), floor)
     work = start - work_start
@@ -219,6 +221,22 @@ def _median_of_others(values: np.ndarray, bounds: tuple[np.ndarray, np.ndarray],
 
     a, b = other_at(lo_i), other_at(hi_i)
     return a + (b - a) // 2
+
+
+def _serving_start(rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:
+    """Per arrival: the start of its rank's first step, if the arrival comes after it (else the
+    int64 minimum). Floors the window of a rank's first sync point: what a process did before
+    its first step (imports, model load, process group set-up) is start-up, not serving work. A
+    span file covers it, and its rank-to-rank spread (hundreds of ms on a loaded host, seconds
+    of model loading on a real server) would otherwise count as the first window's own work."""
+    out = np.full(rank.size, np.iinfo(np.int64).min, np.int64)
+    if steps is None or not len(steps):
+        return out
+    first = steps.groupby("rank")["start_ns"].min()
+    begin = pd.Series(rank).map(first).fillna(np.iinfo(np.int64).max).to_numpy(np.int64)
+    after = t >= begin
+    out[after] = begin[after]
+    return out
 
 
 def _step_of(rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:

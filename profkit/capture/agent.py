@@ -146,7 +146,7 @@ def _install_signals() -> None:
     for sig in SIGNALS:
         try:
             previous = signal.getsignal(sig)
-            if previous is not _on_signal:
+            if previous is not _on_signal and previous != signal.SIG_IGN:  # ignored: it ends nothing, leave it so
                 signal.signal(sig, _on_signal)
                 _state["previous"][sig] = previous
         except (ValueError, OSError):

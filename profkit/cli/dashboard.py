@@ -8,7 +8,8 @@ import sys
 from profkit.cli.history import add_db_option, add_filter_options, parse_meta
 
 EPILOG = """\
-panels come from a JSON spec (--spec; default dashboards/default.json in the repo): a title, then
+panels come from a JSON spec (--spec; default: the panels shipped with profkit, dashboards/default.json
+in the repository): a title, then
 "panels": [{"title": ..., "metric": "step_ns" | "gpu_busy_ns" | "gap_ns" | "late_ns" |
 "balancedness" | "straggler_score" | "cause:<name>" | "cause:*", "aggregation": "p50" | "p90" |
 "p99" | "mean" | "max", "threshold": "5%", "top": 5 (for cause:*)}], and optionally
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_db_option(p)
     p.add_argument("-o", "--out", required=True, metavar="HTML", help="output file")
-    p.add_argument("--spec", metavar="JSON", help="panel definitions (default dashboards/default.json)")
+    p.add_argument("--spec", metavar="JSON", help="panel definitions (default: the shipped dashboards/default.json)")
     add_filter_options(p)
     p.add_argument("--seed", type=int, default=0, metavar="K", help="bootstrap seed (default 0)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")

@@ -1,7 +1,9 @@
-"""``profkit demo``: analyze the small real captures that ship in ``sample_traces/``.
+"""``profkit demo``: analyze a small real capture that ships with profkit.
 
-Needs no GPU, no network and no server. ``--live`` runs the bundled engine briefly on
-this machine's CPU instead (needs torch).
+Needs no GPU, no network and no server. The default capture is package data
+(``profkit/data/samples``), so an installed wheel runs it from anywhere; in a checkout every
+folder of ``sample_traces/`` can be named. ``--live`` runs the bundled engine briefly on this
+machine's CPU instead (needs torch).
 """
 from __future__ import annotations
 
@@ -10,24 +12,31 @@ import sys
 import tempfile
 from pathlib import Path
 
-SAMPLE_TRACES = Path(__file__).resolve().parents[2] / "sample_traces"
+from profkit.data import shipped
+
+CHECKOUT_SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"  # exists in a checkout only
 DEFAULT_SAMPLE = "engine-dep2-h200/torch_straggler"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="analyze the shipped sample traces (no GPU needed)")
-    p.add_argument("--sample", default=DEFAULT_SAMPLE, help="folder under sample_traces/ (default: %(default)s)")
+    p = sub.add_parser("demo", help="analyze a shipped sample capture (no GPU needed)")
+    p.add_argument("--sample", default=DEFAULT_SAMPLE,
+                   help="a shipped sample, or in a checkout any folder under sample_traces/ (default: %(default)s)")
     p.add_argument("--live", action="store_true", help="run the bundled engine on CPU (4 ranks) and analyze that")
     p.add_argument("-o", "--out", metavar="OUT", help="where to write summary.json / steps.csv (default: a temp dir)")
     p.set_defaults(run=run)
 
 
 def sample_path(name: str) -> Path:
-    folder = SAMPLE_TRACES / name
-    if not folder.is_dir():
-        available = sorted(p.name for p in SAMPLE_TRACES.iterdir() if p.is_dir()) if SAMPLE_TRACES.is_dir() else []
-        raise SystemExit(f"profkit demo: no sample '{name}' in {SAMPLE_TRACES} (available: {', '.join(available) or 'none'})")
-    return folder
+    """The shipped sample ``name``, else ``sample_traces/name`` of a checkout."""
+    roots = [shipped("samples"), CHECKOUT_SAMPLES]
+    for root in roots:
+        if (root / name).is_dir():
+            return root / name
+    available = sorted({f"{top.name}/{sub.name}" if sub is not top else top.name
+                        for root in roots if root.is_dir() for top in root.iterdir() if top.is_dir()
+                        for sub in ([d for d in top.iterdir() if d.is_dir()] or [top])})
+    raise SystemExit(f"profkit demo: no sample '{name}' (available: {', '.join(available) or 'none'})")
 
 
 def run(args: argparse.Namespace) -> int:

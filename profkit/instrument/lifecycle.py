@@ -1,9 +1,11 @@
 """Starting and stopping the process's recorder, and flushing it however the process ends.
 
 Flush points: ``atexit``; SIGTERM/SIGINT (flush, then hand the signal to whatever handled it
-before: the previous Python handler, the default action re-raised, or nothing if it was
-ignored); multiprocessing children (fork: ``os._exit`` skips atexit, so a multiprocessing
-finalizer flushes instead); a full buffer or the periodic timer (writer thread); ``flush()``.
+before: the previous Python handler or the default action re-raised; a signal the process
+ignores is left ignored, with no handler of ours, so the process and the programs it starts
+behave as without profkit); multiprocessing children (fork: ``os._exit`` skips atexit, so a
+multiprocessing finalizer flushes instead); a full buffer or the periodic timer (writer
+thread); ``flush()``.
 After ``fork`` the child gets its own file (``spans-pid{childpid}.jsonl``), not the parent's spans.
 """
 from __future__ import annotations
@@ -107,8 +109,8 @@ def _install_signals() -> None:
     for sig in FLUSH_SIGNALS:
         try:
             previous = signal.getsignal(sig)
-            if previous is _on_signal:
-                continue
+            if previous is _on_signal or previous == signal.SIG_IGN:
+                continue  # an ignored signal ends nothing: a handler would only change what exec'd children inherit
             signal.signal(sig, _on_signal)
             _state["previous"][sig] = previous
         except (ValueError, OSError):

@@ -1,6 +1,7 @@
 """A self-contained HTML dashboard of the regression history (plotly.js inlined once, no network).
 
-Panels come from a plain JSON spec users edit (``dashboards/default.json``): per panel a metric
+Panels come from a plain JSON spec users edit (``dashboards/default.json``, shipped in the package
+as ``profkit/data/dashboards/default.json``, the default): per panel a metric
 (``step_ns``, ``gpu_busy_ns``, ``gap_ns``, ``late_ns``, ``balancedness``, ``straggler_score``,
 ``cause:<name>`` or ``cause:*`` for the top causes), an aggregation (p50, p90, p99, mean, max),
 and a threshold. Each run's value carries its noise band (bootstrap interval over its own steps);
@@ -20,7 +21,6 @@ from typing import Any, Callable
 
 from profkit.analyze import compare as cmp
 
-SPEC_DIR = Path(__file__).resolve().parents[2] / "dashboards"
 AGGREGATIONS = ("p50", "p90", "p99", "mean", "max")
 SOURCES = ("step_ns", "gpu_busy_ns", "gap_ns", "late_ns", "balancedness", "straggler_score")
 BASELINES = ("previous", "first")
@@ -51,7 +51,11 @@ class Spec:
 
 
 def default_spec_path() -> Path:
-    return SPEC_DIR / "default.json"
+    """The default panels, from the package (so an installed wheel has them; in a checkout the
+    same file as ``dashboards/default.json``)."""
+    from profkit.data import shipped
+
+    return shipped("dashboards", "default.json")
 
 
 def load_spec(path: str | Path | None = None) -> Spec:
