@@ -115,23 +115,32 @@ def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per charged interval: ``CHARGED_COLUMNS`` (see the module docstring).
 
     ``where`` is the innermost named span at that moment (context for waits, syncs, ops).
     Adjacent pieces with the same cause in one step are merged into one row.
+    ``sync_waits``: ``syncpoints.wait_intervals`` of the ranks (when the host was blocked in a
+    collective); found in ``events`` when None (all ranks given on one clock).
     """
     windows = analysis_windows(events, steps)
+    if sync_waits is None:
+        sync_waits = sync_wait_intervals(events)
     step_names = frozenset(str(n) for n in windows["name"].dropna().unique()) if "name" in windows else frozenset()
     vocab = engine.Vocab()
     arrays = engine.EventArrays.build(events, step_names, vocab)
+    waits_by_rank = {int(r): g for r, g in sync_waits.groupby("rank", sort=False)} if len(sync_waits) else {}
     parts = []
     for rank, w in windows.groupby("rank", sort=True):
         w = w.sort_values("start_ns")
         ws = w["start_ns"].to_numpy(np.int64)
         we = w["end_ns"].to_numpy(np.int64).copy()
         we[:-1] = np.minimum(we[:-1], ws[1:])  # overlapping windows: each instant charged once
-        got = engine.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab)
+        sw = waits_by_rank.get(int(rank))
+        layer = None if sw is None else make_layer(sw["start_ns"].to_numpy(np.int64), sw["end_ns"].to_numpy(np.int64),
+                                                   vocab.ids(sw["cause"].to_numpy(dtype=object)))
+        got = engine.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab,
+                                    layer)
         if got is not None:
             parts.append((int(rank), got))
     if not parts:
@@ -153,6 +162,17 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return out[CHARGED_COLUMNS]
+
+
+def sync_wait_intervals(events: pd.DataFrame) -> pd.DataFrame:
+    """``syncpoints.wait_intervals`` of every host-blocking collective in ``events`` (the
+    cross-rank evidence taken over the ranks given)."""
+    from profkit.analyze import syncpoints
+    from profkit.analyze.collectives import collective_candidates, find_sync_names
+
+    if events is None or not len(events):
+        return syncpoints.wait_intervals(None)
+    return syncpoints.wait_intervals(collective_candidates(events, find_sync_names(events)))
 
 
 def rank_causes(charged: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -272,7 +292,7 @@ def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
         return None
     try:
         inst = collectives.collective_instances(events)
-        matched = collectives.match_instances(inst)
+        matched = collectives.match_instances(inst) if len(inst) else None
     except Exception as exc:  # noqa: BLE001 - a failed match must not cost the causes table
         warnings.warn(f"collective matching failed, waits stay 'wait:<collective>': {exc!r}", stacklevel=2)
         return None
@@ -281,6 +301,8 @@ def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
 
 def arrivals_from_match(inst: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame | None:
     """``refine_waits``' arrivals from ``collectives.collective_instances`` / ``match_instances``."""
+    if matched is None:
+        return None
     last_col = next((c for c in ("last_rank", "last_arriver", "last") if c in matched), None)
     if last_col is None or not len(inst):
         return None
@@ -289,8 +311,14 @@ def arrivals_from_match(inst: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFra
     if not keys:
         return None
     per = matched[keys + [last_col]].drop_duplicates(keys)
-    out = inst[["rank", "start_ns", "end_ns"] + keys].merge(per, on=keys, how="inner")
+    cols = ["rank", "start_ns", "end_ns"] + [c for c in ("arrive_ns", "exit_ns") if c in inst]
+    out = inst[cols + keys].merge(per, on=keys, how="inner")
     out = out.rename(columns={last_col: "last_rank"}).dropna(subset=["last_rank"])
+    if "arrive_ns" in out:  # the rank is in the collective from its arrival to its release
+        out["start_ns"] = out["arrive_ns"].astype("Int64").fillna(out["start_ns"].astype("Int64"))
+    if "exit_ns" in out:
+        out["end_ns"] = np.maximum(out["end_ns"].astype("int64"),
+                                   out["exit_ns"].astype("Int64").fillna(out["end_ns"].astype("Int64")).astype("int64"))
     return out[["rank", "start_ns", "end_ns", "last_rank"]].astype("int64")
 
 

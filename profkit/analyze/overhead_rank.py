@@ -66,11 +66,9 @@ class EventArrays:
     rank_bounds: dict[int, tuple[int, int]]
     # per unique name
     cause_id: np.ndarray  # cause of the name itself (span / op / frame)
-    wait_id: np.ndarray  # "wait:<name>"
     sync_id: np.ndarray  # "host_sync (<name>)"
     container: np.ndarray
     gc: np.ndarray
-    cpu_wait: np.ndarray
     builtin: np.ndarray
     comm: np.ndarray  # communication kernel name
     comm_wait_id: np.ndarray  # "wait:<collective of the kernel>"
@@ -108,11 +106,9 @@ class EventArrays:
             coll=coll_codes,
             rank_bounds=bounds,
             cause_id=vocab.ids(info["cause"]),
-            wait_id=vocab.ids([nm.WAIT_PREFIX + c for c in info["cause"]]),
             sync_id=vocab.ids([f"{nm.HOST_SYNC} ({c})" for c in info["cause"]]),
             container=info["container"],
             gc=info["gc"],
-            cpu_wait=info["cpu_wait"],
             builtin=info["builtin"],
             comm=comm,
             comm_wait_id=vocab.ids([nm.WAIT_PREFIX + nm.collective_of_kernel(u) if c else ""
@@ -163,8 +159,11 @@ class RankCharges:
 
 
 def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, step_ids: np.ndarray,
-                   vocab: Vocab) -> RankCharges | None:
-    """Charge every idle-for-attribution piece of ``rank`` inside the windows [ws, we)."""
+                   vocab: Vocab, waits: Layer | None = None) -> RankCharges | None:
+    """Charge every idle-for-attribution piece of ``rank`` inside the windows [ws, we).
+
+    ``waits``: the rank's sync intervals (``syncpoints.wait_intervals``: arrival to release at
+    each host-blocking collective), coded with their ``wait:<name>`` cause ids."""
     a, b = ea.rank_bounds.get(rank, (0, 0))
     r = slice(a, b)
     starts, ends, names, threads = ea.start[r], ea.end[r], ea.name[r], ea.thread[r]
@@ -187,9 +186,12 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     sync_s, sync_e = host.sync_intervals(rt & ea.sync[names], rt & ea.poll[names], starts, ends)
     sync_layer = make_layer(sync_s, sync_e, np.zeros(sync_s.size, np.int64))
     comm_layer = _comm_layer(ea, r)
+    wait_layer = waits if waits is not None else make_layer(np.empty(0, np.int64), np.empty(0, np.int64),
+                                                            np.empty(0, np.int64))
 
     cuts = iv.unique_sorted(np.concatenate(
-        [ws, we, sync_s, sync_e, gc_layer.starts, gc_layer.ends, comm_layer.starts, comm_layer.ends]
+        [ws, we, sync_s, sync_e, gc_layer.starts, gc_layer.ends, comm_layer.starts, comm_layer.ends,
+         wait_layer.starts, wait_layer.ends]
         + [x for group in layers.values() for layer in group for x in (layer.starts, layer.ends)]
     ))
     ps, pe, owner = split_at(state_s, state_e, cuts)
@@ -201,6 +203,8 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     comm_j = covering(comm_layer, t)
     coll_wait = codes_at(comm_layer, comm_j, vocab.id(nm.WAIT_PREFIX + "collective"))
     d.assign(pstate == COMM_ONLY, coll_wait, WAIT)
+    in_sync = covering(wait_layer, t)  # the host is blocked in a collective: waiting, whatever span it is in
+    d.assign(in_sync >= 0, codes_at(wait_layer, in_sync), WAIT)
     d.assign(covering(gc_layer, t) >= 0, vocab.id(nm.GC_CAUSE), GC)
 
     named_p = _group(layers["named_p"], t, innermost)
@@ -215,7 +219,6 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
         c = np.maximum(code, 0)
         ok = (code >= 0) & ~ea.container[c]
         d.assign(ok & ea.gc[c], vocab.id(nm.GC_CAUSE), GC)
-        d.assign(ok & ea.cpu_wait[c], ea.wait_id[c], WAIT)
         d.assign(ok, ea.cause_id[c], SPAN)
 
     def deeper(suffix: str) -> None:

@@ -56,6 +56,11 @@ _SGLANG_RE = re.compile(r"^step\[(\w+)(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?")
 _NUMBER_RE = re.compile(r"#(\d+)$")
 
 
+def marker_regex(step_pattern: str | None = None) -> re.Pattern[str]:
+    """One regex matching every step marker (the built-in ones and ``step_pattern``)."""
+    return re.compile("|".join(f"(?:{m.pattern.pattern})" for m in step_markers(step_pattern)))
+
+
 def step_markers(step_pattern: str | None = None) -> tuple[StepMarker, ...]:
     if step_pattern:
         return (StepMarker("user", re.compile(step_pattern)),) + BUILTIN_MARKERS

@@ -68,13 +68,14 @@ def kernel_label(name: str) -> str:
 
 
 # ---- labelling -----------------------------------------------------------------------------
-def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame,
+                    sync_waits: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Host pieces (``labelled_pieces``) and GPU pieces (``gpu_pieces``) of every rank."""
     if events is None or not len(events) or not len(extents):
         return _empty_pieces(), _empty_pieces()
     is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
     g = _GpuArrays.build(events[is_gpu])
-    return labelled_pieces(events, extents, g), gpu_pieces(g)
+    return labelled_pieces(events, extents, g, sync_waits), gpu_pieces(g)
 
 
 def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
@@ -97,16 +98,21 @@ def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
 
 
-def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_GpuArrays | None" = None) -> pd.DataFrame:
+def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_GpuArrays | None" = None,
+                    sync_waits: pd.DataFrame | None = None) -> pd.DataFrame:
     """Disjoint phase pieces per rank over ``extents`` (``rank, trace_start_ns, trace_end_ns``):
-    ``PIECE_COLUMNS``, sorted by rank and start (see the module docstring for the rules)."""
+    ``PIECE_COLUMNS``, sorted by rank and start (see the module docstring for the rules).
+    ``sync_waits``: the host-blocking collectives (``syncpoints.wait_intervals``; found in
+    ``events`` when None): time blocked in one is a wait, a victim phase, whatever span it is in."""
     if events is None or not len(events) or not len(extents):
         return _empty_pieces()
     windows = pd.DataFrame({"rank": extents["rank"].astype("int64"), "step": np.int64(-1),
                             "start_ns": extents["trace_start_ns"].astype("int64"),
                             "end_ns": extents["trace_end_ns"].astype("int64")})
     is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
-    host = ov.attribute_gaps(events[~is_gpu], windows)  # every host instant, GPU left out
+    if sync_waits is None:
+        sync_waits = ov.sync_wait_intervals(events)  # from all events: GPU collectives are not host-blocking
+    host = ov.attribute_gaps(events[~is_gpu], windows, sync_waits)  # every host instant, GPU left out
     gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(events[is_gpu])
     runs = _launch_runs(events, gpu_ev)
     copies = _blocking_copies(events)

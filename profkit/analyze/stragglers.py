@@ -138,6 +138,8 @@ class StragglerPlan:
     gpu_w: pd.DataFrame | None = None  # per (rank, GPU instance): previous collective exit -> arrival
     acc_w: pd.DataFrame | None = None  # windows that tile each host timeline once
     acc_step: dict = field(default_factory=dict)
+    # filled by ``finish_stragglers``: each rank's own work per step and phase (``PHASE_STEP_COLUMNS``)
+    phase_steps: pd.DataFrame | None = None
 
     @property
     def measured(self) -> bool:
@@ -228,7 +230,9 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     per_rank = _per_rank(plan.ranks, arrivals, steps, extents, acc_x, report)
     matched = plan.matched if plan.matched is not None else _match(plan.instances)
     per_inst = _per_instance(arrivals, why, matched)
-    lateness = _lateness(arrivals, acc_x.assign(step=acc_x["window"].map(acc_step)))
+    acc_x = acc_x.assign(step=acc_x["window"].map(acc_step))
+    lateness = _lateness(arrivals, acc_x)
+    plan.phase_steps = _phase_steps(acc_x)
     per_rank.attrs["report"] = report
     return per_rank, per_inst, lateness
 
@@ -457,6 +461,23 @@ def _best(excess: pd.DataFrame, by) -> pd.DataFrame:
         return pd.DataFrame()
     pos = pos.sort_values("excess_ns", ascending=False, kind="stable")
     return pos.groupby(by, sort=False).head(1).set_index(by)
+
+
+PHASE_STEP_COLUMNS = ["rank", "step", "cause", "ns"]
+
+
+def _phase_steps(acc_excess: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step, phase): the rank's own time in the phase in the windows of that step (its
+    work since its previous sync point, up to each arrival of the step; waits are not phases).
+    Episodes read their causes here: a GC at the end of step k makes the rank late at step k+1's
+    sync, and the window of that sync holds it."""
+    if acc_excess is None or not len(acc_excess):
+        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
+                             "cause": pd.Series(dtype=object), "ns": pd.Series(dtype="int64")})
+    x = acc_excess[(acc_excess["ns"] > 0).to_numpy(bool) & acc_excess["step"].notna().to_numpy(bool)]
+    g = x.groupby(["rank", "step", "phase"], sort=True)["ns"].sum().reset_index()
+    g = g.rename(columns={"phase": "cause"}).astype({"rank": "int64", "step": "int64", "ns": "int64"})
+    return g[PHASE_STEP_COLUMNS]
 
 
 def _lateness(arrivals: pd.DataFrame, acc_excess: pd.DataFrame) -> pd.DataFrame:
