@@ -11,18 +11,23 @@ its tiny kernels included, which is what the launches cost). Each interval is cu
 host-span boundary and each piece goes to the first rule that matches:
 
 1. ``wait:<collective>``: only communication kernels run;
-2. ``gc``: a GC pause in a launching process (it holds the GIL);
+2. ``wait:<name>``: the host is blocked in a collective (``syncpoints``: from its arrival to its
+   release at a host-blocking collective such as a Gloo all-reduce, whatever span it sits in;
+   a sync span's name is never a cause of time spent waiting in it); then ``gc``: a GC pause in a
+   launching process (it holds the GIL);
 3. ``host_sync (<span>)``: a synchronize call, blocking copy or event busy-polling loop on a
    launching thread, named with the innermost span it sits in;
 4. ``launch_bound``: inside a launch-bound run;
 5. the innermost named span (cpu_span: profkit, vLLM, NVTX, record_function) of the launching
-   threads, named as-is; a blocking CPU collective (Gloo, vLLM's DP sync) gives ``wait:<span>``.
+   threads, named as-is.
    Step-level spans (step markers) are skipped here, so that deeper host activity names the
    time inside them: 6. the outermost framework op (cpu_op), 7. the innermost Python frame
    (builtins skipped), 8. the innermost py-spy sample frame;
 9. rules 5-8 on the rank's other threads (vLLM runs scheduler and model runner in two
    processes: while the runner idles, the engine core holds the critical path);
 10. the step-level span's self time (e.g. an unannotated sleep in ``EngineCore.step``);
+    after a step annotation that covers only part of the iteration (vLLM's worker annotation,
+    ``steps.ANNOTATION_MARKERS``) ended: ``host work between steps``;
 11. ``unattributed (no host activity)``, or ``gpu idle (no host events)`` on a rank without any
     host events: then only GPU-side facts are claimed.
 
@@ -60,6 +65,7 @@ CHARGED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "cat
 
 # ``category`` values (what a charged interval is) and ``gpu_state`` values
 WAIT, GC, HOST_SYNC, LAUNCH_BOUND = engine.WAIT, engine.GC, engine.HOST_SYNC, engine.LAUNCH_BOUND
+BETWEEN_STEPS = engine.BETWEEN_STEPS
 SPAN, CPU_OP, PYTHON, SAMPLE, SELF = engine.SPAN, engine.CPU_OP, engine.PYTHON, engine.SAMPLE, engine.SELF
 UNATTRIBUTED, NO_HOST = engine.UNATTRIBUTED, engine.NO_HOST
 GPU_STATES = tuple(engine.STATES)
@@ -99,7 +105,7 @@ def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """The (rank, step, start_ns, end_ns, step_ns[, name]) windows analyzed: the step table, or
     when it is empty one window per rank from its first to its last GPU event."""
     if steps is not None and len(steps):
-        cols = ["rank", "step", "start_ns", "end_ns"] + (["name"] if "name" in steps else [])
+        cols = ["rank", "step", "start_ns", "end_ns"] + [c for c in ("name", "marker_end_ns") if c in steps]
         out = steps[cols].copy()
         out[["rank", "step", "start_ns", "end_ns"]] = out[["rank", "step", "start_ns", "end_ns"]].astype("int64")
     else:
@@ -139,8 +145,9 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
         sw = waits_by_rank.get(int(rank))
         layer = None if sw is None else make_layer(sw["start_ns"].to_numpy(np.int64), sw["end_ns"].to_numpy(np.int64),
                                                    vocab.ids(sw["cause"].to_numpy(dtype=object)))
+        me = w["marker_end_ns"].to_numpy(np.int64) if "marker_end_ns" in w else None
         got = engine.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab,
-                                    layer)
+                                    layer, me)
         if got is not None:
             parts.append((int(rank), got))
     if not parts:

@@ -17,6 +17,7 @@ GC_CAUSE = "gc"
 LAUNCH_BOUND = "launch_bound"
 HOST_SYNC = "host_sync"
 UNATTRIBUTED = "unattributed (no host activity)"
+BETWEEN_STEPS = "host work between steps"  # after a step annotation that covers part of the iteration
 NO_HOST = "gpu idle (no host events)"
 WAIT_PREFIX = "wait:"
 MAX_NAME = 120

@@ -23,8 +23,9 @@ from profkit.analyze.overhead_layers import Layer, codes_at, covering, innermost
 WAIT, GC, HOST_SYNC, LAUNCH_BOUND = "wait", "gc", "host_sync", "launch_bound"
 SPAN, CPU_OP, PYTHON, SAMPLE, SELF = "span", "cpu_op", "python", "sample", "self"
 UNATTRIBUTED, NO_HOST = "unattributed", "no_host"
-CATEGORIES = np.array([WAIT, GC, HOST_SYNC, LAUNCH_BOUND, SPAN, CPU_OP, PYTHON, SAMPLE, SELF, UNATTRIBUTED, NO_HOST],
-                      dtype=object)
+BETWEEN_STEPS = "between_steps"
+CATEGORIES = np.array([WAIT, GC, HOST_SYNC, LAUNCH_BOUND, SPAN, CPU_OP, PYTHON, SAMPLE, SELF, UNATTRIBUTED, NO_HOST,
+                       BETWEEN_STEPS], dtype=object)
 _CAT = {c: i for i, c in enumerate(CATEGORIES)}
 IDLE, COMM_ONLY, LAUNCH_RUN = 0, 1, 2
 STATES = np.array(["idle", "comm_only", "launch_run"], dtype=object)
@@ -159,11 +160,14 @@ class RankCharges:
 
 
 def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, step_ids: np.ndarray,
-                   vocab: Vocab, waits: Layer | None = None) -> RankCharges | None:
+                   vocab: Vocab, waits: Layer | None = None, marker_ends: np.ndarray | None = None
+                   ) -> RankCharges | None:
     """Charge every idle-for-attribution piece of ``rank`` inside the windows [ws, we).
 
     ``waits``: the rank's sync intervals (``syncpoints.wait_intervals``: arrival to release at
-    each host-blocking collective), coded with their ``wait:<name>`` cause ids."""
+    each host-blocking collective), coded with their ``wait:<name>`` cause ids. ``marker_ends``:
+    per window, where its step annotation ended (``steps.iteration_periods``): unnamed idle time
+    after it is ``host work between steps``."""
     a, b = ea.rank_bounds.get(rank, (0, 0))
     r = slice(a, b)
     starts, ends, names, threads = ea.start[r], ea.end[r], ea.name[r], ea.thread[r]
@@ -189,14 +193,16 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     wait_layer = waits if waits is not None else make_layer(np.empty(0, np.int64), np.empty(0, np.int64),
                                                             np.empty(0, np.int64))
 
+    me = marker_ends if marker_ends is not None else we
     cuts = iv.unique_sorted(np.concatenate(
-        [ws, we, sync_s, sync_e, gc_layer.starts, gc_layer.ends, comm_layer.starts, comm_layer.ends,
+        [ws, we, np.clip(me, ws, we), sync_s, sync_e, gc_layer.starts, gc_layer.ends, comm_layer.starts, comm_layer.ends,
          wait_layer.starts, wait_layer.ends]
         + [x for group in layers.values() for layer in group for x in (layer.starts, layer.ends)]
     ))
     ps, pe, owner = split_at(state_s, state_e, cuts)
     pstate = state[owner]
-    step = step_ids[np.clip(np.searchsorted(ws, ps, side="right") - 1, 0, None)]
+    win = np.clip(np.searchsorted(ws, ps, side="right") - 1, 0, None)
+    step = step_ids[win]
     t = ps
 
     d = _Decider(ps.size)
@@ -233,6 +239,7 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     deeper("o")
     for code in (named_p, named_o):  # the step-level span's self time
         d.assign(code >= 0, ea.cause_id[np.maximum(code, 0)], SELF)
+    d.assign(t >= me[win], vocab.id(nm.BETWEEN_STEPS), BETWEEN_STEPS)
     if hosty.any():
         d.assign(np.ones(ps.size, bool), vocab.id(nm.UNATTRIBUTED), UNATTRIBUTED)
     else:

@@ -45,6 +45,8 @@ class Analysis:
     # per (rank, step, phase): own work since the previous sync point (``stragglers.PHASE_STEP_COLUMNS``),
     # the cause time the episodes are judged on
     phase_steps: pd.DataFrame | None = None
+    # one line per disagreement between the straggler verdict and the cause table (``consistency``)
+    consistency: list[str] = field(default_factory=list)
 
 
 def one_host(meta: dict[int, list[dict]]) -> bool:

@@ -38,7 +38,10 @@ def summary_document(analysis) -> dict[str, Any]:
         "n_ranks": len(ranks),
         "ranks": ranks,
         "inputs": [{k: _jsonable(v) for k, v in r.items()} for r in analysis.capture.parts.to_dict("records")],
+        "consistency": list(getattr(analysis, "consistency", None) or []),
         "skipped": list(analysis.capture.skipped),
+        "unranked_processes": [{k: _jsonable(v) if not isinstance(v, list) else v for k, v in u.items()}
+                               for u in getattr(analysis.capture, "unranked", [])],
         "warnings": list(analysis.capture.warnings) + list(analysis.warnings),
     }
 

@@ -24,6 +24,7 @@ from profkit.analyze.pipeline import Analysis, one_host
 from profkit.analyze.steps import choose_step_marker
 from profkit.analyze.straggler_episodes import straggler_episodes
 from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
+from profkit.analyze.consistency import verdict_consistency
 from profkit.analyze.summary import rank_summary
 from profkit.analyze.syncpoints import sync_point_table
 from profkit.ingest.loader import Capture, RankMap, describe_parts, discover, resolve_ranks
@@ -46,14 +47,19 @@ def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say) -> tu
         if r.skipped:
             skipped.append(r.skipped)
         parts.extend(r.parts)
-    kept, warnings = resolve_ranks(parts, rank_map, skipped)
+    from profkit.ingest.manifest import manifest_facts
+
+    unranked: list[dict] = []
+    kept, warnings = resolve_ranks(parts, rank_map, skipped, manifest_facts(files), unranked)
     for p in parts:
         if p not in kept:
             store.drop(p.store_key)
     keys: dict[int, list[str]] = {}
     for p in kept:
         keys.setdefault(int(p.rank), []).append(p.store_key)
-    return _capture_of(kept, skipped, warnings), keys, [r.stats for r in read]
+    capture = _capture_of(kept, skipped, warnings)
+    capture.unranked = unranked
+    return capture, keys, [r.stats for r in read]
 
 
 def _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch):
@@ -309,6 +315,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         run_stats=stages.stats_frame(stats),
         sync_points=sync_points,
         phase_steps=plan.phase_steps,
+        consistency=verdict_consistency(per_rank, straggler_ranks(per_rank), cause_steps),
     )
 
 

@@ -17,11 +17,13 @@ expert parallelism, but with names of its own:
   ``update_from_output``, every ``--gc-every`` iterations: it arrives late at the NEXT
   iteration's padding all-reduce, and its peers wait there.
 
-Each rank writes ``OUT/rank{r}.pt.trace.json.gz`` (Kineto) and ``OUT/rank{r}.truth.json``:
-which ProfilerStep numbers held a GC stall and how long each ``gc.collect()`` took, measured by
-the program itself (``time.perf_counter_ns`` around the call), plus its per-iteration wall times.
+Each rank writes ``OUT/rank{r}.pt.trace.json.gz`` (Kineto) and ``TRUTH/rank{r}.json``: which
+iterations (= ``ProfilerStep#N`` numbers) ended with a GC stall and how long each ``gc.collect()``
+took, measured by the program itself (``time.perf_counter_ns`` around the call), plus its
+per-iteration wall times and the profiled iterations.
 
-Run: ``python tests/workloads/foreign_dp_ep.py --ranks 2 --steps 36 --out DIR`` (CPU, Gloo).
+Run: ``python tests/workloads/foreign_dp_ep.py --ranks 2 --steps 36 --out DIR --truth TRUTH``
+(CPU, Gloo; ``--device cuda`` for NCCL on one GPU per rank).
 """
 from __future__ import annotations
 
@@ -162,12 +164,13 @@ def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
                         r["tokens"] = r["tokens"][-8:]
                 if heap is not None and it >= args.warmup and (it % args.gc_every) == args.gc_every - 1:
                     took = heap.collect()
-                    truth["gc"].append({"iteration": it, "profiler_step": it, "ms": took / 1e6})
+                    truth["gc"].append({"iteration": it, "ms": took / 1e6})
             truth["iterations"].append({"iteration": it, "ms": (time.perf_counter_ns() - t_it) / 1e6})
             prof.step()
     dist.barrier()
-    truth["profiled_steps"] = [wait + warmup, args.steps - 1]
-    (out_dir / f"rank{rank}.truth.json").write_text(json.dumps(truth, indent=1))
+    truth["profiled_iterations"] = [wait + warmup, args.steps - 1]
+    Path(args.truth).mkdir(parents=True, exist_ok=True)
+    (Path(args.truth) / f"rank{rank}.json").write_text(json.dumps(truth, indent=1))
     dist.destroy_process_group()
 
 
@@ -177,13 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=36, help="iterations in all (the first few are not profiled)")
     ap.add_argument("--warmup", type=int, default=4, help="profiler warm-up iterations (after one skipped)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--batch", type=int, default=48)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--gc-rank", type=int, default=0)
     ap.add_argument("--gc-every", type=int, default=5)
-    ap.add_argument("--gc-ms", type=float, default=120.0, help="calibrated length of one gc.collect()")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--gc-ms", type=float, default=80.0, help="calibrated length of one gc.collect()")
+    ap.add_argument("--out", required=True, help="folder for the Kineto traces")
+    ap.add_argument("--truth", required=True, help="folder for each rank's truth JSON")
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     import torch.multiprocessing as mp
