@@ -11,10 +11,12 @@ What counts as a collective (whatever the trace has):
   end = the common exit. ``launch_ns`` is the CUDA launch call (joined by correlation), and the
   host span around that call (``record_param_comms``, ``nccl:*``, an NCCL NVTX range) gives
   ``host_start_ns``/``host_end_ns`` and the group / sequence number the kernel may lack.
-- ``cpu_span``: a blocking CPU collective: Gloo (``gloo:*`` spans, ``record_param_comms`` of a
-  group that never runs kernels) and the DP-sync spans of vLLM and the bundled engine
-  (``sync_dp_padding``, ...). Overlapping such spans of one rank are one instance: start = the
-  earliest (the arrival), end = the most exact one (gloo > record_param_comms > DP-sync span).
+- ``cpu_span``: a host-blocking collective, found from evidence by ``profkit.analyze.syncpoints``
+  (a collective op of a group that runs no GPU kernel, e.g. Gloo's ``c10d::allreduce_``, with
+  its Gloo worker span; a span where blocking OS calls or aligned ends across ranks show a sync;
+  DP-sync hook names only as extra evidence). Overlapping members of one process are one
+  instance: start = the arrival (``arrive_ns``: the op's start), end = the best estimate of the
+  common exit (the Gloo span's end, else ``exit_ns``: when the calling thread ran again).
 - ``launch_span``: the host span of a GPU collective on a rank whose trace has no collective
   kernels at all. Its end is when the launch returned, not a common moment: never aligned on.
 
@@ -117,8 +119,10 @@ def find_sync_names(events: pd.DataFrame, exclude=None) -> dict[str, str]:
 
 def collective_candidates(events: pd.DataFrame, sync_names: dict[str, str] | None = None) -> pd.DataFrame:
     """Every collective seen in ``events`` before matching: computed on one rank's events at a
-    time (the scale path's map), then ``instances_from_candidates`` of them all (its reduce)."""
-    return _candidates(events)
+    time (the scale path's map), then ``instances_from_candidates`` of them all (its reduce).
+    ``sync_names``: span names recognized as sync points across ranks
+    (``syncpoints.decide_sync_names``), decided by the driver."""
+    return _candidates(events, sync_names)
 
 
 def instances_from_candidates(rows: pd.DataFrame, complete_only: bool = True) -> pd.DataFrame:

@@ -147,27 +147,27 @@ def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame 
 
 
 def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
-    """Per rank, when it was released from every collective instance of the keys (groups) it
-    takes part in, sorted: its own release where it has the instance (``exit_ns`` where known:
-    a host leaves a Gloo collective when its thread runs again, which on a loaded host can be
-    milliseconds after the others), else the instance's median exit. An instance missing on a
-    rank that belongs to its group (events dropped, the rank's part not matched) still released
-    it at the common exit: without this, its next work window would reach back one sync point
-    further and its work look longer than its peers'."""
+    """Per rank, the exits of every collective instance of the keys (groups) it takes part in,
+    sorted: the instance's common exit (the median of its ranks' ends), but never after the
+    rank's own release (``exit_ns`` where known, else its end): a peer whose end was recorded
+    late (a Gloo worker thread descheduled on a loaded host) must not place the exit after this
+    rank already went on to its next collective, which would make two work windows overlap. An
+    instance missing on a rank that belongs to its group (events dropped, the rank's part not
+    matched) still released it at the common exit: without this, its next work window would
+    reach back one sync point further and its work look longer than its peers'."""
     own = inst["end_ns"].to_numpy(np.int64)
     if "exit_ns" in inst:
         own = np.maximum(own, inst["exit_ns"].astype("Int64").fillna(inst["end_ns"].astype("Int64"))
                          .to_numpy(np.int64))
-    inst = inst.assign(_own=own)
     exits = inst.groupby("instance").agg(key=("key", "first"), end_ns=("end_ns", "median"))
     exits["end_ns"] = exits["end_ns"].astype("int64")
+    inst = inst.assign(_own=np.minimum(own, inst["instance"].map(exits["end_ns"]).to_numpy(np.int64)))
     by_key = {str(k): g for k, g in exits.groupby("key")}
     out = {}
     for r, mine in inst.groupby("rank"):
-        keys = set(map(str, mine["key"]))
         parts = [mine["_own"].to_numpy(np.int64)]
         have = set(mine["instance"].tolist())
-        for k in keys:
+        for k in set(map(str, mine["key"])):
             g = by_key.get(k)
             if g is not None:
                 parts.append(g.loc[~g.index.isin(have), "end_ns"].to_numpy(np.int64))

@@ -14,8 +14,9 @@ one phase, from the critical-path point of view of its launching threads:
    else ``host_sync (<span>)`` (the sync itself, e.g. an injected stall);
 3. otherwise the host activity the overhead attribution names (``overhead.attribute_gaps`` with
    the GPU left out, so GPU-busy time is named too): ``gc``, the innermost span
-   (``Scheduler.schedule``), a step span's self time (``EngineCore.step``), a blocking CPU
-   collective as ``wait:<span>``, ``unattributed (no host activity)``.
+   (``Scheduler.schedule``), a step span's self time (``EngineCore.step``), time blocked in a
+   host-blocking collective as ``wait:<name>`` (from the rank's arrival to its release,
+   ``syncpoints``: a victim phase whatever span it sits in), ``unattributed (no host activity)``.
 
 The GPU timeline gets its own pieces (``gpu_pieces``): compute-busy time named ``gpu:<kernel>``
 after the kernel running, for arrivals the GPU set (a kernel that waited in the stream queue).

@@ -386,6 +386,8 @@ def _clusters(m: pd.DataFrame) -> pd.DataFrame:
     seq = m[m["seq"] >= 0].groupby("block")["seq"].first().reindex(blocks)
     # the collective's name: Gloo's, the op's, a recognized span's guess
     coll = m.sort_values(["block", "prio"], kind="stable").groupby("block")["coll"].first().reindex(blocks)
+    shown = m[m["prio"] <= 1].sort_values(["block", "prio"], kind="stable")
+    known = shown.groupby("block")["coll"].first().reindex(blocks)
     span_start = sp["span_start"].fillna(first_start).astype("int64")
     span_name = sp["span_name"].where(sp["span_name"].notna(), best["name"])
     n = len(blocks)
@@ -410,7 +412,10 @@ def _clusters(m: pd.DataFrame) -> pd.DataFrame:
         "span_start_ns": span_start.to_numpy(np.int64),
         "span_name": span_name.to_numpy(dtype=object),
         "evidence": evidence.to_numpy(dtype=object),
-        "wait_name": np.where(sp["span_name"].notna() & sp["prio"].eq(2), sp["span_name"], coll).astype(object),
+        # waits are labelled by the collective where the trace shows it (a Gloo span, an op),
+        # else by the sync span: never by a guess made from a name, so renaming spans changes
+        # the label only by that name
+        "wait_name": np.where(known.notna(), known, span_name.where(span_name.notna(), coll)).astype(object),
     })
     out.loc[out["pid"] < 0, "pid"] = pd.NA
     out.loc[out["tid"] < 0, "tid"] = pd.NA
