@@ -12,13 +12,19 @@ Expected, and why:
 - straggler: rank 0 only;
 - its cause: ``update_from_output``. torch.profiler without Python stacks records no GC event:
   the collection is the self time of the user range it ran in, so the range is the most precise
-  name the trace holds. Sized against the measured collections: each within 5% + 3 ms (the range
-  also builds 2000 small cyclic lists before collecting, and updates the requests);
-- its episodes: exactly the iterations AFTER each collection (k + 1 for a GC at the end of k);
+  name the trace holds. Sized against the measured collections: rank 0's own time in that range
+  in each late step is the collection plus at most 5% + 3 ms (the range also builds 2000 small
+  cyclic lists before collecting and updates the requests). Its excess over the peer (the
+  stragglers.csv number) is 80-105% of the collections: the peer's own time in the same range is
+  subtracted, and on a loaded 2-core CI host that can be several ms a step;
+- its episodes: exactly the iterations AFTER each collection (k + 1 for a GC at the end of k),
+  each sized as above. The peer may have an episode of its own on a loaded host (an OS
+  descheduling is a real, if small, straggle), never at those steps and never named after a wait
+  or the sync span;
 - the victim, rank 1: its top cause is ``waiting for rank 0``, and its wait in the steps after the
-  collections sums to their measured time within 10% (its own work in those steps moves it by a
-  few ms); ``dp_padding_allreduce`` is never a cause of its time there (below 2% of its wait:
-  its own part before the all-reduce and after the release, ~0.1 ms a step).
+  collections is 80-110% of their measured time (its own work there moves it); the user's sync
+  span ``dp_padding_allreduce`` is never a cause of its time (below 2% of its wait: its own part
+  before the all-reduce and after the release, ~0.1 ms a step).
 
 The same holds when the Gloo worker threads' spans are left out (a trace of the calling threads
 only, as a GPU program's launching thread is): the ``c10d::allreduce_`` op alone marks the sync.
@@ -96,7 +102,11 @@ def test_foreign_straggler_and_cause(variant, foreign, analysis, calling_threads
     row = a.stragglers.set_index("rank").loc[GC_RANK]
     assert row["top_cause"] == "update_from_output"
     total_ms = sum(got.values())
-    assert abs(row["top_cause_ns"] / 1e6 - total_ms) <= 0.05 * total_ms + 3.0 * len(got), (row["top_cause_ns"], got)
+    assert 0.8 * total_ms <= row["top_cause_ns"] / 1e6 <= 1.05 * total_ms + 3.0 * len(got), (row["top_cause_ns"], got)
+    own = a.phase_steps[(a.phase_steps["rank"] == GC_RANK) & (a.phase_steps["cause"] == "update_from_output")]
+    own = own.set_index("step")["ns"] / 1e6
+    for step, ms in got.items():
+        assert ms <= own.loc[step] <= 1.05 * ms + 3.0, (step, own.loc[step], ms)
     victim = a.stragglers.set_index("rank").loc[VICTIM]
     assert not victim["straggler"] and victim["waited_for_rank"] == GC_RANK
     assert victim["top_cause"] != "dp_padding_allreduce"
@@ -108,12 +118,16 @@ def test_foreign_episodes_are_the_steps_after_each_collection(variant, foreign, 
     got = stalls(foreign[1], a.steps)
     ep = a.straggler_episodes
     print(ep.to_string())
-    assert set(ep["rank"]) == {GC_RANK}
-    assert sorted(ep["step"].astype(int)) == sorted(got)
-    assert set(ep["cause"]) == {"update_from_output"}
+    mine = ep[ep["rank"] == GC_RANK]
+    assert sorted(mine["step"].astype(int)) == sorted(got)
+    assert set(mine["cause"]) == {"update_from_output"}
     for step, ms in got.items():
-        excess = float(ep.set_index("step").loc[step, "cause_excess_ns"]) / 1e6
-        assert abs(excess - ms) <= 0.05 * ms + 3.0, (step, excess, ms)
+        excess = float(mine.set_index("step").loc[step, "cause_excess_ns"]) / 1e6
+        assert 0.8 * ms <= excess <= 1.05 * ms + 3.0, (step, excess, ms)
+    peer = ep[ep["rank"] != GC_RANK]
+    assert not set(peer["step"].astype(int)) & set(got)
+    assert not peer["cause"].str.startswith(("waiting for rank", "wait:", "transfer:")).any()
+    assert "dp_padding_allreduce" not in set(peer["cause"])
 
 
 @pytest.mark.parametrize("variant", ["full", "calling_threads_only"])
@@ -128,7 +142,7 @@ def test_foreign_victim_waits_for_the_straggler_never_in_the_sync_span(variant, 
     cs = a.cause_steps
     waited = cs[(cs["rank"] == VICTIM) & (cs["cause"] == f"waiting for rank {GC_RANK}") & cs["step"].isin(list(got))]
     total_ms = sum(got.values())
-    assert waited["ns"].sum() / 1e6 == pytest.approx(total_ms, rel=0.10)
+    assert 0.8 * total_ms <= waited["ns"].sum() / 1e6 <= 1.1 * total_ms
     assert victim.get("dp_padding_allreduce", 0) <= 0.02 * victim.iloc[0]
     # the causes table says the same: the straggler's own cause and the victim's wait, no sync span
     causes = a.causes.set_index("cause")

@@ -125,7 +125,7 @@ def straggler_table(
 
         instances = collective_instances(events, complete_only=False)
     plan = plan_stragglers(instances, arr_mod.trace_windows(events), steps, matched)
-    phases = (rank_window_phases(plan.windows(), *ph_mod.timeline_pieces(events, plan.extents))
+    phases = (rank_window_phases(plan.windows(), *ph_mod.timeline_pieces(events, plan.extents, None, steps))
               if plan.measured else None)
     return finish_stragglers(plan, phases)
 

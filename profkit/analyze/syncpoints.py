@@ -357,26 +357,26 @@ def _clusters(m: pd.DataFrame) -> pd.DataFrame:
     m["block"] = np.cumsum(new) - 1
     g = m.groupby("block", sort=True)
     calling = m[m["calling"]]
-    gc_ = calling.groupby("block", sort=True)
-
-    def agg_max(frame, col, groups):
-        v = frame[col].where(frame[col] >= 0)
-        return v.groupby(frame["block"]).max().reindex(groups)
-
     blocks = g.size().index
-    op_arrive = m["op_start"].where(m["op_start"] >= 0).groupby(m["block"]).min().reindex(blocks)
-    span_arrive = calling["arrive"].where(calling["arrive"] >= 0).groupby(calling["block"]).min().reindex(blocks)
-    first_start = g["r_start"].min()
-    arrive = op_arrive.fillna(span_arrive).fillna(first_start).astype("int64")
-    exit_ = agg_max(calling, "exit", blocks)
-    gloo_end = agg_max(m, "common_end", blocks)
-    exit_ = exit_.fillna(gloo_end).fillna(g["r_end"].max()).astype("int64")
-    end = gloo_end.fillna(exit_).astype("int64")
+
+    def agg(frame: pd.DataFrame, col: str, how: str) -> pd.Series:
+        """Min / max of ``col`` (>= 0 only) per block, as nullable Int64: epoch nanoseconds
+        must never pass through float64 (256 ns steps at today's epoch)."""
+        ok = frame[frame[col].to_numpy(np.int64) >= 0]
+        return getattr(ok.groupby("block")[col], how)().astype("Int64").reindex(blocks)
+
+    first_start = g["r_start"].min().astype("Int64")
+    arrive = agg(m, "op_start", "min").fillna(agg(calling, "arrive", "min")).fillna(first_start).astype("int64")
+    gloo_end = agg(m, "common_end", "max")
+    exit_ = agg(calling, "exit", "max").fillna(gloo_end).fillna(g["r_end"].max().astype("Int64")).astype("int64")
+    end = gloo_end.fillna(exit_.astype("Int64")).astype("int64")
     # the sync span: a recognized span member, else the op's enclosing span, else the op itself
     spans = m[(m["span_start"] >= 0) & m["span_name"].notna()].sort_values(["block", "prio", "span_start"],
                                                                              ascending=[True, False, True],
                                                                              kind="stable")
-    sp = spans.groupby("block").head(1).set_index("block").reindex(blocks)
+    sp = spans.groupby("block").head(1).set_index("block")
+    sp_start = sp["span_start"].astype("Int64").reindex(blocks)  # before reindex turns it to float
+    sp = sp.reindex(blocks)
     best = m.sort_values(["block", "prio", "r_end"], ascending=[True, True, False], kind="stable")
     best = best.groupby("block").head(1).set_index("block").reindex(blocks)
     by_call = m.sort_values(["block", "calling", "prio"], ascending=[True, False, True], kind="stable")
@@ -388,7 +388,7 @@ def _clusters(m: pd.DataFrame) -> pd.DataFrame:
     coll = m.sort_values(["block", "prio"], kind="stable").groupby("block")["coll"].first().reindex(blocks)
     shown = m[m["prio"] <= 1].sort_values(["block", "prio"], kind="stable")
     known = shown.groupby("block")["coll"].first().reindex(blocks)
-    span_start = sp["span_start"].fillna(first_start).astype("int64")
+    span_start = sp_start.fillna(first_start).astype("int64")
     span_name = sp["span_name"].where(sp["span_name"].notna(), best["name"])
     n = len(blocks)
     out = pd.DataFrame({

@@ -252,7 +252,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
         windows = overhead.analysis_windows(events, steps)
         charged = overhead.attribute_gaps(events, windows, waits)
     extents = trace_windows(events)
-    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents, waits)
+    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents, waits, steps)
     store.put(charged_key(rank), charged)  # waits not yet named after the last arriver
     store.put(f"host-pieces-{rank}", host_pieces)
     store.put(f"gpu-pieces-{rank}", gpu_pieces)
