@@ -110,6 +110,7 @@ def test_foreign_straggler_and_cause(variant, foreign, analysis, calling_threads
     victim = a.stragglers.set_index("rank").loc[VICTIM]
     assert not victim["straggler"] and victim["waited_for_rank"] == GC_RANK
     assert victim["top_cause"] != "dp_padding_allreduce"
+    assert a.consistency == []  # the verdict and the cause table agree
 
 
 @pytest.mark.parametrize("variant", ["full", "calling_threads_only"])

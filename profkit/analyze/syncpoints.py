@@ -162,13 +162,22 @@ class _ThreadContext:
         keep = kind.isin(_HOST_EVENT_KINDS + (schema.OSRT,)).to_numpy(dtype=bool) & events["tid"].notna().to_numpy(bool)
         ev = events.loc[keep, ["rank", "kind", "name", "start_ns", "end_ns", "pid", "tid"]]
         self.key = _thread_key(ev)
-        self.kind = ev["kind"].astype(str).to_numpy(dtype=object)
-        self.name = ev["name"].astype("string").fillna("").to_numpy(dtype=object)
+        kinds = ev["kind"].astype(str).to_numpy(dtype=object)
+        codes, uniques = pd.factorize(ev["name"].astype("string").fillna(""))
+        uniques = pd.Series(np.asarray(uniques, dtype=object), dtype=object)
+        self.names = uniques.to_numpy(dtype=object)
+        self.name = np.asarray(codes, np.int64)
+        # per unique name, once: a Gloo worker span, a blocking OS call name
+        gloo = uniques.str.match(GLOO_RE).to_numpy(bool)
+        block = uniques.str.match(BLOCKING_CALL_RE).to_numpy(bool)
+        self.act = np.isin(kinds, list(_HOST_EVENT_KINDS))
+        self.span = (kinds == schema.CPU_SPAN) & ~gloo[self.name] if len(kinds) else np.zeros(0, bool)
+        self.block = (kinds == schema.OSRT) & block[self.name] if len(kinds) else np.zeros(0, bool)
         self.start = ev["start_ns"].to_numpy(np.int64)
         self.end = ev["end_ns"].to_numpy(np.int64)
         order = np.lexsort((self.start, self.key))
-        self.key, self.kind, self.name, self.start, self.end = (a[order] for a in
-                                                                (self.key, self.kind, self.name, self.start, self.end))
+        self.key, self.name, self.start, self.end, self.act, self.span, self.block = (
+            a[order] for a in (self.key, self.name, self.start, self.end, self.act, self.span, self.block))
         first = np.flatnonzero(np.r_[True, self.key[1:] != self.key[:-1]]) if self.key.size else np.empty(0, np.int64)
         last = np.r_[first[1:], self.key.size]
         self.bounds = {int(self.key[a]): (int(a), int(b)) for a, b in zip(first, last)}
@@ -178,17 +187,14 @@ class _ThreadContext:
         got = self._cache.get(key)
         if got is not None:
             return got
-        a, b = self.bounds.get(key, (0, 0))
-        kind, name, start, end = self.kind[a:b], self.name[a:b], self.start[a:b], self.end[a:b]
-        act = np.isin(kind, list(_HOST_EVENT_KINDS))
-        span = (kind == schema.CPU_SPAN) & ~pd.Series(name, dtype=object).str.match(GLOO_RE).to_numpy(bool)
-        block = (kind == schema.OSRT) & pd.Series(name, dtype=object).str.match(BLOCKING_CALL_RE).to_numpy(bool)
         from profkit.analyze.overhead_layers import make_layer
 
+        a, b = self.bounds.get(key, (0, 0))
+        name, start, end = self.name[a:b], self.start[a:b], self.end[a:b]
+        act, span, block = self.act[a:b], self.span[a:b], self.block[a:b]
         got = {
             "act_starts": np.sort(start[act]),
-            "spans": make_layer(start[span], end[span], np.flatnonzero(span)),
-            "span_names": name,
+            "spans": make_layer(start[span], end[span], name[span]),
             "block_s": start[block], "block_e": end[block],
         }
         self._cache[key] = got
@@ -210,8 +216,8 @@ class _ThreadContext:
         js = np.maximum(j, 0)
         starts = np.where(ok, layer.starts[js] if layer.size else 0, -1)
         ends = np.where(ok, layer.ends[js] if layer.size else 0, -1)
-        nm = np.array([th["span_names"][layer.codes[k]] if o else None for k, o in zip(js, ok)], dtype=object) \
-            if layer.size else np.full(s.size, None, dtype=object)
+        nm = np.where(ok, self.names[layer.codes[js]], None).astype(object) if layer.size \
+            else np.full(s.size, None, dtype=object)
         return starts.astype(np.int64), ends.astype(np.int64), nm
 
     def next_activity(self, key: int, t: np.ndarray) -> np.ndarray:
@@ -381,7 +387,13 @@ def _clusters(m: pd.DataFrame) -> pd.DataFrame:
     best = best.groupby("block").head(1).set_index("block").reindex(blocks)
     by_call = m.sort_values(["block", "calling", "prio"], ascending=[True, False, True], kind="stable")
     caller = by_call.groupby("block").head(1).set_index("block").reindex(blocks)
-    evidence = g["evidence"].agg(lambda v: "+".join(sorted({x for e in v for x in str(e).split("+")})))
+    # evidence of a block: the union of its members' (each a "+"-joined set), as bits
+    tokens = sorted({x for e in pd.unique(m["evidence"].astype(str)) for x in e.split("+")})
+    bit = {t: 1 << i for i, t in enumerate(tokens)}
+    mask_of = {e: sum(bit[x] for x in set(e.split("+"))) for e in pd.unique(m["evidence"].astype(str))}
+    masks = np.bitwise_or.reduceat(m["evidence"].astype(str).map(mask_of).to_numpy(np.int64),
+                                   np.flatnonzero(np.r_[True, np.diff(m["block"].to_numpy()) != 0]))
+    evidence = pd.Series(["+".join(t for t in tokens if mk & bit[t]) for mk in masks], index=blocks)
     group = m.dropna(subset=["group"]).groupby("block")["group"].first().reindex(blocks)
     seq = m[m["seq"] >= 0].groupby("block")["seq"].first().reindex(blocks)
     # the collective's name: Gloo's, the op's, a recognized span's guess
@@ -452,10 +464,8 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     spans = events[(events["kind"] == schema.CPU_SPAN).to_numpy(bool) & events["tid"].notna().to_numpy(bool)]
     if not len(spans):
         return _empty(FACT_COLUMNS), _empty(SAMPLE_COLUMNS)
-    names = spans["name"].astype("string").fillna("")
-    lib = names.str.match(_LIBRARY_RE).to_numpy(bool)
-    if exclude is not None:
-        lib |= names.str.contains(exclude).to_numpy(bool)
+    lib = _name_flags(spans["name"], lambda u: u.str.match(_LIBRARY_RE) | (
+        u.str.contains(exclude) if exclude is not None else False))
     spans = spans[~lib]
     if not len(spans):
         return _empty(FACT_COLUMNS), _empty(SAMPLE_COLUMNS)
@@ -510,18 +520,27 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
     host = events[events["kind"].isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool)]
     if not len(host):
         return {}, {}
-    names = host["name"].astype("string").fillna("")
     is_rt = (host["kind"] == schema.RUNTIME).to_numpy(bool)
-    coll = (names.str.match(COLL_OP_RE) | names.str.match(GLOO_RE) | names.str.match(r"^(?:nccl|rccl)", case=False)
-            | (host["category"].astype("string").fillna("") == "NCCL") | host["coll_name"].notna()).to_numpy(bool)
+    coll = _name_flags(host["name"], lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
+                       | u.str.match(r"^(?:nccl|rccl)", case=False))
+    coll |= ((host["category"].astype("string").fillna("") == "NCCL") | host["coll_name"].notna()).to_numpy(bool)
     coll &= ~is_rt
-    sync = is_rt & (names.str.contains(SYNC_RE) | names.str.match(POLL_RE)).to_numpy(bool)
+    sync = is_rt & _name_flags(host["name"], lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
     starts = host["start_ns"].to_numpy(np.int64)
     ranks = host["rank"].to_numpy(np.int64)
     by_rank = {int(r): np.sort(starts[coll & (ranks == r)]) for r in np.unique(ranks[coll])}
     key = _thread_key(host)
     by_thread = {int(k): np.sort(starts[sync & (key == k)]) for k in np.unique(key[sync])}
     return by_rank, by_thread
+
+
+def _name_flags(names: pd.Series, test) -> np.ndarray:
+    """``test`` (a function of a Series of strings -> bools) applied once per distinct name."""
+    codes, uniques = pd.factorize(names.astype("string").fillna(""))
+    if not len(uniques):
+        return np.zeros(len(names), bool)
+    flags = np.asarray(test(pd.Series(np.asarray(uniques, dtype=object), dtype=object)), dtype=bool)
+    return flags[np.asarray(codes, np.int64)]
 
 
 def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict[str, str]:
