@@ -39,6 +39,9 @@ LIBRARY = re.compile(
     r"PyTorch Profiler|## Call CompiledFxGraph|Torch-Compiled|cuda|Memcpy|Memset)", re.I)
 LIBRARY_CATEGORIES = ("NCCL", "CCCL")
 RENAMED_KINDS = ("cpu_span", "gpu_span", "gc")
+# profkit's own span categories (its hooks' labels: dp_sync, step, scheduler, ...) are renamed too;
+# the sources' own categories (Kineto's user_annotation, NVTX domains NCCL / CCCL / nvtx) stay
+RENAMED_CATEGORY_SOURCES = ("profkit",)
 SHARE_TOL = 0.01  # causes' shares of step time agree within 1 point
 
 CAPTURES = sorted(p for p in SAMPLE_TRACES.glob("*/*") if p.is_dir()) + [SAMPLE_TRACES / "public-hta-2rank"]
@@ -58,6 +61,11 @@ def rename(events: pd.DataFrame, seed: int) -> tuple[pd.DataFrame, dict[str, str
     out = events.copy()
     out["name"] = pd.array(np.where(ours.to_numpy(bool), names.map(forward).fillna(names).to_numpy(dtype=object),
                                     names.to_numpy(dtype=object)), dtype=events["name"].dtype)
+    mine = events["source"].astype(str).isin(RENAMED_CATEGORY_SOURCES).to_numpy(bool) & (cat != "").to_numpy(bool)
+    cats = sorted(cat[mine].unique())
+    cat_map = {c: f"c{int(i):03d}" for c, i in zip(cats, rng.permutation(len(cats)))}
+    if mine.any():
+        out.loc[mine, "category"] = cat[mine].map(cat_map).to_numpy(dtype=object)
     return out, {v: k for k, v in forward.items()}
 
 
@@ -119,18 +127,33 @@ def test_sample_captures_are_name_invariant(path):
     check(base, other, inverse)
 
 
-SIMS = {
-    "dep8": (8, 16, 3, [Inject("gc", rank=3, every=4, ms=30, start=1), Inject("slow_schedule", rank=5, every=3, ms=6,
+def test_span_files_alone_find_the_dp_sync_by_aligned_ends():
+    """A capture's span files without torch or nsys (what ``profkit capture`` with no backend
+    leaves): no collective op, no OS call, only spans. The Gloo DP all-reduce's span is still a
+    sync point, by its ends lining up across ranks while the starts spread (the GC on rank 1);
+    renamed, by that alone."""
+    files = sorted((SAMPLE_TRACES / "engine-dep4-h200-capture" / "torch_faults").glob("spans-pid*.jsonl"))
+    assert len(files) == 4
+    base, other, inverse = analyze_both(profkit.load(*files))
+    sp = other.sync_points
+    dp = sp[sp["span_name"].map(lambda n: inverse.get(n, n)) == "GPUModelRunner.sync_dp_padding"]
+    assert len(dp) and (dp["evidence"] == "aligned_ends").all()
+    assert 1 in base.straggler_ranks and base.stragglers.set_index("rank").loc[1, "top_cause"] == "gc"
+    check(base, other, inverse)
+
+
+SIMS = {  # (ranks, steps, seed, injected); 3 MoE layers a step keeps the DEP32 run small
+    "dep8": (8, 14, 3, [Inject("gc", rank=3, every=4, ms=30, start=1), Inject("slow_schedule", rank=5, every=3, ms=6,
                                                                             start=2)]),
-    "dep32": (32, 10, 5, [Inject("gc", rank=17, every=3, ms=30, start=1), Inject("host_sync", rank=4, every=2, ms=4,
-                                                                               start=1)]),
+    "dep32": (32, 8, 5, [Inject("gc", rank=17, every=3, ms=30, start=1), Inject("host_sync", rank=4, every=2, ms=4,
+                                                                              start=1)]),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SIMS))
 def test_simulated_faults_are_name_invariant(name, tmp_path):
     ranks, steps, seed, injects = SIMS[name]
-    simulate(ranks, steps, seed=seed, out_dir=tmp_path, injects=injects)
+    simulate(ranks, steps, seed=seed, out_dir=tmp_path, injects=injects, layers=3)
     base, other, inverse = analyze_both(profkit.load(tmp_path), seed=seed)
     injected = {j.rank for j in injects}
     assert set(base.straggler_episodes["rank"]) | set(base.straggler_ranks) <= injected
