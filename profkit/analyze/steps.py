@@ -71,8 +71,12 @@ _NUMBER_RE = re.compile(r"#(\d+)$")
 
 
 def marker_regex(step_pattern: str | None = None) -> re.Pattern[str]:
-    """One regex matching every step marker (the built-in ones and ``step_pattern``)."""
-    return re.compile("|".join(f"(?:{m.pattern.pattern})" for m in step_markers(step_pattern)))
+    """One regex matching every step marker (the built-in ones and ``step_pattern``; a user
+    pattern that cannot be joined, e.g. one with global inline flags, is left out)."""
+    try:
+        return re.compile("|".join(f"(?:{m.pattern.pattern})" for m in step_markers(step_pattern)))
+    except re.error:
+        return re.compile("|".join(f"(?:{m.pattern.pattern})" for m in BUILTIN_MARKERS))
 
 
 def step_markers(step_pattern: str | None = None) -> tuple[StepMarker, ...]:

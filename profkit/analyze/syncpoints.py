@@ -249,10 +249,11 @@ class _ThreadContext:
 
 
 def _thread_key(df: pd.DataFrame) -> np.ndarray:
-    r = df["rank"].to_numpy(np.int64, na_value=-1) if "rank" in df else np.zeros(len(df), np.int64)
-    p = df["pid"].to_numpy(np.int64, na_value=-1)
-    t = df["tid"].to_numpy(np.int64, na_value=-1)
-    return (r << 48) ^ ((p & 0xFFFF) << 32) ^ (t & 0xFFFFFFFF)
+    """One int64 per (rank, pid, tid), the same in every frame (a hash: no bits to run out of)."""
+    cols = pd.DataFrame({
+        "r": df["rank"].to_numpy(np.int64, na_value=-1) if "rank" in df else np.zeros(len(df), np.int64),
+        "p": df["pid"].to_numpy(np.int64, na_value=-1), "t": df["tid"].to_numpy(np.int64, na_value=-1)})
+    return pd.util.hash_pandas_object(cols, index=False).to_numpy(np.uint64).view(np.int64)
 
 
 def _base(rows: pd.DataFrame) -> dict:
