@@ -36,8 +36,8 @@ def private_cache(tmp_path_factory):
 
 def episodes_of(analysis) -> pd.DataFrame:
     """The pipeline's episodes, checked against the function on its inputs (lateness, per-rank
-    table, charged causes per step)."""
-    direct = straggler_episodes(analysis.lateness, analysis.stragglers, cause_step_table(analysis.charged))
+    table, and each rank's own work per step and phase since its previous sync point)."""
+    direct = straggler_episodes(analysis.lateness, analysis.stragglers, analysis.phase_steps)
     pd.testing.assert_frame_equal(analysis.straggler_episodes, direct)
     return analysis.straggler_episodes
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-TIME_COLUMNS = ("start_ns", "end_ns", "launch_ns", "host_start_ns", "host_end_ns")
+TIME_COLUMNS = ("start_ns", "end_ns", "launch_ns", "host_start_ns", "host_end_ns", "arrive_ns", "exit_ns", "span_start_ns")
 
 
 def to_reference(host_ns: np.ndarray, offset_ns, drift_ppm, t0_ns: int) -> np.ndarray:

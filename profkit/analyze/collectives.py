@@ -11,10 +11,12 @@ What counts as a collective (whatever the trace has):
   end = the common exit. ``launch_ns`` is the CUDA launch call (joined by correlation), and the
   host span around that call (``record_param_comms``, ``nccl:*``, an NCCL NVTX range) gives
   ``host_start_ns``/``host_end_ns`` and the group / sequence number the kernel may lack.
-- ``cpu_span``: a blocking CPU collective: Gloo (``gloo:*`` spans, ``record_param_comms`` of a
-  group that never runs kernels) and the DP-sync spans of vLLM and the bundled engine
-  (``sync_dp_padding``, ...). Overlapping such spans of one rank are one instance: start = the
-  earliest (the arrival), end = the most exact one (gloo > record_param_comms > DP-sync span).
+- ``cpu_span``: a host-blocking collective, found from evidence by ``profkit.analyze.syncpoints``
+  (a collective op of a group that runs no GPU kernel, e.g. Gloo's ``c10d::allreduce_``, with
+  its Gloo worker span; a span where blocking OS calls or aligned ends across ranks show a sync;
+  DP-sync hook names only as extra evidence). Overlapping members of one process are one
+  instance: start = the arrival (``arrive_ns``: the op's start), end = the best estimate of the
+  common exit (the Gloo span's end, else ``exit_ns``: when the calling thread ran again).
 - ``launch_span``: the host span of a GPU collective on a rank whose trace has no collective
   kernels at all. Its end is when the launch returned, not a common moment: never aligned on.
 
@@ -46,6 +48,9 @@ import pandas as pd
 
 from profkit import schema
 from profkit.analyze.gpu import is_comm_kernel
+from profkit.analyze.syncpoints import (
+    COLL_OP_RE, COLLECTIVE_KERNEL, COLLECTIVE_LAUNCH, DP_SYNC_CATEGORY, decide_sync_names, host_sync_rows, span_facts,
+)
 from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
 
 KERNEL = "kernel"
@@ -62,6 +67,7 @@ CPU_TOL_MAX_FACTOR = 5  # host-span tolerance may widen with the spacing of inst
 DRIFT_MAX_PPM = 200.0  # how far clocks may drift apart while tracking matches along time
 MAX_LAG = 512  # order matching: largest lag (instances cut off one rank) searched
 VOTE_PAIRS = 2_000_000  # vote on at most this many end differences per rank pair
+NEIGHBOURS = 9  # order pairs judged with this many neighbours (a rolling median of end differences)
 
 _HOST_KINDS = (schema.CPU_OP, schema.CPU_SPAN)
 _PRIORITY = {KERNEL: 0, CPU_SPAN: 1, LAUNCH_SPAN: 2}
@@ -72,20 +78,14 @@ _CUSTOM_AR_RE = re.compile(
     re.IGNORECASE,
 )
 _NCCLISH_RE = re.compile(r"^(?:nccl|rccl)", re.IGNORECASE)
-_GLOO_RE = re.compile(r"^gloo:(\w+)$")
-# DP-sync spans (vLLM hook names, the bundled engine, the simulator): all-reduces over the DP group
-_DP_SYNC_RE = re.compile(
-    r"(?:^|[.:])(?:sync_dp_padding|coordinate_batch_across_dp|_run_ar|dispatch_cg_and_sync_dp"
-    r"|sync_cudagraph_and_dp_padding|cpu_all_reduce_|dp_allreduce|_has_global_unfinished_reqs"
-    r"|has_unfinished_dp|sync_dp_state)$"
-)
-DP_SYNC_CATEGORY = "dp_sync"
 
 INSTANCE_COLUMNS = [
     "rank", "instance", "group", "seq", "coll_name", "source_kind", "key", "match",
     "start_ns", "end_ns", "launch_ns", "host_start_ns", "host_end_ns",
     "name", "device", "stream", "pid", "tid", "n_participants", "n_present", "complete",
+    "arrive_ns", "exit_ns", "span_start_ns", "span_name", "evidence", "wait_name",
 ]
+SYNC_EXTRA = ("arrive_ns", "exit_ns", "span_start_ns", "span_name", "evidence", "wait_name")
 MATCH_COLUMNS = [
     "instance", "group", "seq", "coll_name", "source_kind", "key", "n_participants", "n_present", "complete",
     "ranks", "first_start_ns", "first_rank", "last_start_ns", "last_rank", "arrival_skew_ns",
@@ -94,20 +94,35 @@ MATCH_COLUMNS = [
 
 
 # ---- public API -------------------------------------------------------------------------------
-def collective_instances(events: pd.DataFrame, complete_only: bool = True) -> pd.DataFrame:
+def collective_instances(events: pd.DataFrame, complete_only: bool = True,
+                         sync_names: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per (rank, collective instance), ``instance`` shared by the same instance on all ranks.
 
     ``complete_only`` drops instances some participant lacks (window edges, dropped events);
     alignment passes False, since two ranks that both saw an instance still share its end.
     ``df.attrs["report"]``: counts of instances, complete ones, dropped rows, and notes.
     """
-    return instances_from_candidates(_candidates(events), complete_only)
+    if sync_names is None:
+        sync_names = find_sync_names(events)
+    return instances_from_candidates(_candidates(events, sync_names), complete_only)
 
 
-def collective_candidates(events: pd.DataFrame) -> pd.DataFrame:
+def find_sync_names(events: pd.DataFrame, exclude=None) -> dict[str, str]:
+    """Span names that are sync points by cross-rank evidence in ``events`` (all ranks, one
+    clock): ``syncpoints.decide_sync_names`` over ``syncpoints.span_facts``. Step markers are
+    never sync points (``exclude``: a regex; by default every built-in step marker)."""
+    from profkit.analyze.steps import marker_regex
+
+    facts, samples = span_facts(events, exclude if exclude is not None else marker_regex())
+    return decide_sync_names(facts, samples)
+
+
+def collective_candidates(events: pd.DataFrame, sync_names: dict[str, str] | None = None) -> pd.DataFrame:
     """Every collective seen in ``events`` before matching: computed on one rank's events at a
-    time (the scale path's map), then ``instances_from_candidates`` of them all (its reduce)."""
-    return _candidates(events)
+    time (the scale path's map), then ``instances_from_candidates`` of them all (its reduce).
+    ``sync_names``: span names recognized as sync points across ranks
+    (``syncpoints.decide_sync_names``), decided by the driver."""
+    return _candidates(events, sync_names)
 
 
 def instances_from_candidates(rows: pd.DataFrame, complete_only: bool = True) -> pd.DataFrame:
@@ -182,7 +197,7 @@ def kernel_coll_name(name: str) -> str:
     return "comm"
 
 
-def _candidates(events: pd.DataFrame) -> pd.DataFrame:
+def _candidates(events: pd.DataFrame, sync_names: dict[str, str] | None = None) -> pd.DataFrame:
     """Every collective seen on every rank (kernels with their launch link, CPU collectives)."""
     kernels = _comm_kernels(events)
     host = _take(events, events["kind"].isin(_HOST_KINDS).to_numpy(dtype=bool), _HOST_COLUMNS)
@@ -190,10 +205,11 @@ def _candidates(events: pd.DataFrame) -> pd.DataFrame:
     category = host["category"].astype("string").fillna("")
     ncclish = names.str.match(_NCCLISH_RE).to_numpy(dtype=bool) | (category == "NCCL").to_numpy(dtype=bool)
     has_coll = host["coll_name"].notna().to_numpy(dtype=bool)
-    launch_like = host[ncclish | has_coll]
+    c10d = names.str.match(COLL_OP_RE).to_numpy(dtype=bool)
+    launch_like = host[ncclish | has_coll | c10d]
     kernels, linked_ids = _link_launches(events, kernels, launch_like)
     gpu_groups = set(kernels["group"].dropna().astype(str))
-    frames = [kernels]
+    frames = [_with_sync_columns(kernels, COLLECTIVE_KERNEL)]
 
     # host collective spans not linked to a kernel
     lk = launch_like[~launch_like.index.isin(linked_ids)]
@@ -201,30 +217,37 @@ def _candidates(events: pd.DataFrame) -> pd.DataFrame:
     lk_nccl = lk_names.str.match(_NCCLISH_RE).to_numpy(dtype=bool) | (
         lk["category"].astype("string").fillna("") == "NCCL").to_numpy(dtype=bool)
     lk_gpu_group = lk["coll_group"].astype("string").isin(gpu_groups).to_numpy(dtype=bool)
-    is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(lk, launch_like[ncclish[has_coll | ncclish]])
+    is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(lk, host[ncclish])
     ranks_with_kernels = set(kernels["rank"].unique().tolist())
-    launch_spans = lk[is_launch & ~lk["rank"].isin(ranks_with_kernels).to_numpy(dtype=bool)]
+    lk_c10d = lk_names.str.match(COLL_OP_RE).to_numpy(dtype=bool)
+    launch_spans = lk[is_launch & ~lk_c10d & ~lk["rank"].isin(ranks_with_kernels).to_numpy(dtype=bool)]
     if len(launch_spans):
-        frames.append(_launch_rows(launch_spans))
+        frames.append(_with_sync_columns(_launch_rows(launch_spans), COLLECTIVE_LAUNCH))
 
-    # blocking CPU collectives: gloo spans, collective ops of CPU groups, DP-sync spans
-    gloo = names.str.match(_GLOO_RE).to_numpy(dtype=bool)
-    dp = names.str.contains(_DP_SYNC_RE).to_numpy(dtype=bool) | (category == DP_SYNC_CATEGORY).to_numpy(dtype=bool)
-    cpu_coll_idx = lk.index[~is_launch & (lk["coll_name"].notna().to_numpy(dtype=bool))]
-    prio = np.full(len(host), -1, dtype=np.int64)
-    prio[dp] = 2
-    prio[host.index.isin(cpu_coll_idx)] = 1
-    prio[gloo] = 0
-    cpu = host[prio >= 0].assign(_prio=prio[prio >= 0])
+    # host-blocking collectives (ops of groups that run no GPU kernel, Gloo worker spans, sync
+    # spans recognized by evidence): ``syncpoints``
+    op_labels = lk.index[~is_launch & (lk["coll_name"].notna().to_numpy(dtype=bool) | lk_c10d)]
+    cpu = host_sync_rows(events, host, op_labels, sync_names)
     if len(cpu):
-        frames.append(_cpu_clusters(cpu))
+        frames.append(cpu)
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame()
     return pd.concat(frames, ignore_index=True)
 
 
-_HOST_COLUMNS = ("rank", "name", "category", "start_ns", "end_ns", "pid", "tid", "coll_name", "coll_group", "coll_seq")
+def _with_sync_columns(rows: pd.DataFrame, evidence: str) -> pd.DataFrame:
+    """GPU collectives in the sync-point vocabulary: the rank arrives when its kernel starts (its
+    launch, for a launch span) and is released when it ends; the host span is the launch's."""
+    if not len(rows):
+        return rows
+    host = rows["host_start_ns"].astype("Int64")
+    return rows.assign(arrive_ns=rows["start_ns"].to_numpy(np.int64), exit_ns=rows["end_ns"].to_numpy(np.int64),
+                       span_start_ns=host.fillna(rows["start_ns"].astype("Int64")).to_numpy(np.int64),
+                       span_name=None, evidence=evidence, wait_name=rows["coll_name"].to_numpy(dtype=object))
+
+
+_HOST_COLUMNS = ("rank", "kind", "name", "category", "start_ns", "end_ns", "pid", "tid", "coll_name", "coll_group", "coll_seq")
 _KERNEL_COLUMNS = ("rank", "name", "start_ns", "end_ns", "device", "stream", "pid", "correlation", "coll_name",
                    "coll_group", "coll_seq")
 _RUNTIME_COLUMNS = ("rank", "pid", "tid", "correlation", "start_ns", "end_ns")
@@ -428,61 +451,6 @@ def _launch_rows(spans: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _cpu_clusters(cpu: pd.DataFrame) -> pd.DataFrame:
-    """Overlapping CPU-collective spans of one rank (any thread) are one instance."""
-    cpu = cpu.sort_values(["rank", "start_ns", "end_ns"], ascending=[True, True, False], kind="stable")
-    rank = cpu["rank"].to_numpy(dtype=np.int64)
-    start = cpu["start_ns"].to_numpy(dtype=np.int64)
-    end = cpu["end_ns"].to_numpy(dtype=np.int64)
-    block = np.zeros(len(cpu), dtype=np.int64)
-    new = np.ones(len(cpu), dtype=bool)
-    for idx in pd.Series(np.arange(len(cpu))).groupby(rank).indices.values():
-        run_end = np.maximum.accumulate(end[idx])
-        new[idx[1:]] = start[idx[1:]] > run_end[:-1]
-    block = np.cumsum(new) - 1
-    df = pd.DataFrame({
-        "block": block, "rank": rank, "start": start, "end": end, "prio": cpu["_prio"].to_numpy(),
-        "name": cpu["name"].astype(str).to_numpy(dtype=object),
-        "group": cpu["coll_group"].astype(object).where(cpu["coll_group"].notna(), None).to_numpy(dtype=object),
-        "seq": cpu["coll_seq"].astype("Int64").to_numpy(),
-        "coll": cpu["coll_name"].astype(object).where(cpu["coll_name"].notna(), None).to_numpy(dtype=object),
-        "pid": cpu["pid"].astype("Int64").to_numpy(), "tid": cpu["tid"].astype("Int64").to_numpy(),
-    })
-    best = df.sort_values(["block", "prio", "end"], ascending=[True, True, False], kind="stable")
-    best = best.groupby("block").head(1)
-    best = best.set_index("block").sort_index()
-    first_start = df.groupby("block")["start"].min().sort_index()
-    group = df.dropna(subset=["group"]).groupby("block")["group"].first().reindex(best.index)
-    seq = df.dropna(subset=["seq"]).groupby("block")["seq"].first().reindex(best.index)
-
-    def coll_of(row) -> str:
-        m = _GLOO_RE.match(row["name"])
-        if m:
-            return normalize_coll_name(m.group(1)) or m.group(1)
-        if row["coll"] is not None:
-            return row["coll"]
-        return "all_reduce"  # DP-sync spans are all-reduces over the DP group
-
-    n = len(best)
-    return pd.DataFrame({
-        "rank": best["rank"].to_numpy(dtype=np.int64),
-        "source_kind": CPU_SPAN,
-        "group": group.astype(object).where(group.notna(), None).to_numpy(dtype=object),
-        "seq": seq.astype("Int64").to_numpy(),
-        "coll_name": np.array([coll_of(r) for _, r in best.iterrows()], dtype=object),
-        "start_ns": first_start.to_numpy(dtype=np.int64),
-        "end_ns": best["end"].to_numpy(dtype=np.int64),
-        "name": best["name"].to_numpy(dtype=object),
-        "device": pd.array([pd.NA] * n, dtype="Int64"),
-        "stream": pd.array([pd.NA] * n, dtype="Int64"),
-        "pid": best["pid"].astype("Int64").to_numpy(),
-        "tid": best["tid"].astype("Int64").to_numpy(),
-        "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
-        "host_start_ns": pd.array(first_start.to_numpy(dtype=np.int64), dtype="Int64"),
-        "host_end_ns": pd.array(best["end"].to_numpy(dtype=np.int64), dtype="Int64"),
-    })
-
-
 # ---- matching ---------------------------------------------------------------------------------
 def _order_key(rows: pd.DataFrame) -> pd.Series:
     stream = rows["stream"].astype("Int64").astype("string").fillna("")
@@ -662,6 +630,13 @@ def _consistent(a, b, pairs, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         # one odd end between two consistent neighbours is still the same instance (order holds)
         glitch = ~ok & np.r_[False, ok[:-1]] & np.r_[ok[1:], False]
         keep = ok | glitch
+        if tol[k] >= TOL_NS[CPU_SPAN]:
+            # host spans: so are noisy ends where the pairs around them agree with the line. A
+            # missing instance shifts every later difference by a whole spacing, one late release
+            # does not (a host released from a Gloo collective may wake ms late on a loaded CPU);
+            # kernel ends are exact and keep the strict rule
+            around = pd.Series(r).rolling(NEIGHBOURS, center=True, min_periods=3).median().to_numpy()
+            keep |= np.abs(np.nan_to_num(around, nan=np.inf)) <= tol[k]
         out[k] = (ia[keep], ib[keep])
     return out
 
@@ -797,13 +772,18 @@ def _finish(m: pd.DataFrame) -> pd.DataFrame:
     m = m.sort_values(["instance", "rank"], kind="stable").reset_index(drop=True)
     for c in ("launch_ns", "host_start_ns", "host_end_ns", "seq", "device", "stream", "pid", "tid"):
         m[c] = m[c].astype("Int64")
+    for c in ("arrive_ns", "exit_ns", "span_start_ns"):
+        m[c] = m[c].astype("Int64").fillna(m["start_ns" if c != "exit_ns" else "end_ns"].astype("Int64")).astype("int64")
+    for c in ("span_name", "evidence", "wait_name"):
+        m[c] = m[c].astype(object).where(m[c].notna(), None)
     m["group"] = m["group"].astype(object).where(m["group"].notna(), None)
     return m[INSTANCE_COLUMNS]
 
 
 def _empty_instances() -> pd.DataFrame:
     out = pd.DataFrame({c: pd.Series(dtype=object) for c in INSTANCE_COLUMNS})
-    for c in ("rank", "instance", "start_ns", "end_ns", "n_participants", "n_present"):
+    for c in ("rank", "instance", "start_ns", "end_ns", "n_participants", "n_present", "arrive_ns", "exit_ns",
+              "span_start_ns"):
         out[c] = out[c].astype("int64")
     for c in ("launch_ns", "host_start_ns", "host_end_ns", "seq", "device", "stream", "pid", "tid"):
         out[c] = out[c].astype("Int64")

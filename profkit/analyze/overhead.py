@@ -11,18 +11,23 @@ its tiny kernels included, which is what the launches cost). Each interval is cu
 host-span boundary and each piece goes to the first rule that matches:
 
 1. ``wait:<collective>``: only communication kernels run;
-2. ``gc``: a GC pause in a launching process (it holds the GIL);
+2. ``wait:<name>``: the host is blocked in a collective (``syncpoints``: from its arrival to its
+   release at a host-blocking collective such as a Gloo all-reduce, whatever span it sits in;
+   a sync span's name is never a cause of time spent waiting in it); then ``gc``: a GC pause in a
+   launching process (it holds the GIL);
 3. ``host_sync (<span>)``: a synchronize call, blocking copy or event busy-polling loop on a
    launching thread, named with the innermost span it sits in;
 4. ``launch_bound``: inside a launch-bound run;
 5. the innermost named span (cpu_span: profkit, vLLM, NVTX, record_function) of the launching
-   threads, named as-is; a blocking CPU collective (Gloo, vLLM's DP sync) gives ``wait:<span>``.
+   threads, named as-is.
    Step-level spans (step markers) are skipped here, so that deeper host activity names the
    time inside them: 6. the outermost framework op (cpu_op), 7. the innermost Python frame
    (builtins skipped), 8. the innermost py-spy sample frame;
 9. rules 5-8 on the rank's other threads (vLLM runs scheduler and model runner in two
    processes: while the runner idles, the engine core holds the critical path);
 10. the step-level span's self time (e.g. an unannotated sleep in ``EngineCore.step``);
+    after a step annotation that covers only part of the iteration (vLLM's worker annotation,
+    ``steps.ANNOTATION_MARKERS``) ended: ``host work between steps``;
 11. ``unattributed (no host activity)``, or ``gpu idle (no host events)`` on a rank without any
     host events: then only GPU-side facts are claimed.
 
@@ -60,6 +65,7 @@ CHARGED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "cat
 
 # ``category`` values (what a charged interval is) and ``gpu_state`` values
 WAIT, GC, HOST_SYNC, LAUNCH_BOUND = engine.WAIT, engine.GC, engine.HOST_SYNC, engine.LAUNCH_BOUND
+BETWEEN_STEPS = engine.BETWEEN_STEPS
 SPAN, CPU_OP, PYTHON, SAMPLE, SELF = engine.SPAN, engine.CPU_OP, engine.PYTHON, engine.SAMPLE, engine.SELF
 UNATTRIBUTED, NO_HOST = engine.UNATTRIBUTED, engine.NO_HOST
 GPU_STATES = tuple(engine.STATES)
@@ -99,7 +105,7 @@ def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """The (rank, step, start_ns, end_ns, step_ns[, name]) windows analyzed: the step table, or
     when it is empty one window per rank from its first to its last GPU event."""
     if steps is not None and len(steps):
-        cols = ["rank", "step", "start_ns", "end_ns"] + (["name"] if "name" in steps else [])
+        cols = ["rank", "step", "start_ns", "end_ns"] + [c for c in ("name", "marker_end_ns") if c in steps]
         out = steps[cols].copy()
         out[["rank", "step", "start_ns", "end_ns"]] = out[["rank", "step", "start_ns", "end_ns"]].astype("int64")
     else:
@@ -115,23 +121,33 @@ def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per charged interval: ``CHARGED_COLUMNS`` (see the module docstring).
 
     ``where`` is the innermost named span at that moment (context for waits, syncs, ops).
     Adjacent pieces with the same cause in one step are merged into one row.
+    ``sync_waits``: ``syncpoints.wait_intervals`` of the ranks (when the host was blocked in a
+    collective); found in ``events`` when None (all ranks given on one clock).
     """
     windows = analysis_windows(events, steps)
+    if sync_waits is None:
+        sync_waits = sync_wait_intervals(events)
     step_names = frozenset(str(n) for n in windows["name"].dropna().unique()) if "name" in windows else frozenset()
     vocab = engine.Vocab()
     arrays = engine.EventArrays.build(events, step_names, vocab)
+    waits_by_rank = {int(r): g for r, g in sync_waits.groupby("rank", sort=False)} if len(sync_waits) else {}
     parts = []
     for rank, w in windows.groupby("rank", sort=True):
         w = w.sort_values("start_ns")
         ws = w["start_ns"].to_numpy(np.int64)
         we = w["end_ns"].to_numpy(np.int64).copy()
         we[:-1] = np.minimum(we[:-1], ws[1:])  # overlapping windows: each instant charged once
-        got = engine.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab)
+        sw = waits_by_rank.get(int(rank))
+        layer = None if sw is None else make_layer(sw["start_ns"].to_numpy(np.int64), sw["end_ns"].to_numpy(np.int64),
+                                                   vocab.ids(sw["cause"].to_numpy(dtype=object)))
+        me = w["marker_end_ns"].to_numpy(np.int64) if "marker_end_ns" in w else None
+        got = engine.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab,
+                                    layer, me)
         if got is not None:
             parts.append((int(rank), got))
     if not parts:
@@ -153,6 +169,17 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return out[CHARGED_COLUMNS]
+
+
+def sync_wait_intervals(events: pd.DataFrame) -> pd.DataFrame:
+    """``syncpoints.wait_intervals`` of every host-blocking collective in ``events`` (the
+    cross-rank evidence taken over the ranks given)."""
+    from profkit.analyze import syncpoints
+    from profkit.analyze.collectives import collective_candidates, find_sync_names
+
+    if events is None or not len(events):
+        return syncpoints.wait_intervals(None)
+    return syncpoints.wait_intervals(collective_candidates(events, find_sync_names(events)))
 
 
 def rank_causes(charged: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -272,7 +299,7 @@ def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
         return None
     try:
         inst = collectives.collective_instances(events)
-        matched = collectives.match_instances(inst)
+        matched = collectives.match_instances(inst) if len(inst) else None
     except Exception as exc:  # noqa: BLE001 - a failed match must not cost the causes table
         warnings.warn(f"collective matching failed, waits stay 'wait:<collective>': {exc!r}", stacklevel=2)
         return None
@@ -281,6 +308,8 @@ def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
 
 def arrivals_from_match(inst: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame | None:
     """``refine_waits``' arrivals from ``collectives.collective_instances`` / ``match_instances``."""
+    if matched is None:
+        return None
     last_col = next((c for c in ("last_rank", "last_arriver", "last") if c in matched), None)
     if last_col is None or not len(inst):
         return None
@@ -289,8 +318,14 @@ def arrivals_from_match(inst: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFra
     if not keys:
         return None
     per = matched[keys + [last_col]].drop_duplicates(keys)
-    out = inst[["rank", "start_ns", "end_ns"] + keys].merge(per, on=keys, how="inner")
+    cols = ["rank", "start_ns", "end_ns"] + [c for c in ("arrive_ns", "exit_ns") if c in inst]
+    out = inst[cols + keys].merge(per, on=keys, how="inner")
     out = out.rename(columns={last_col: "last_rank"}).dropna(subset=["last_rank"])
+    if "arrive_ns" in out:  # the rank is in the collective from its arrival to its release
+        out["start_ns"] = out["arrive_ns"].astype("Int64").fillna(out["start_ns"].astype("Int64"))
+    if "exit_ns" in out:
+        out["end_ns"] = np.maximum(out["end_ns"].astype("int64"),
+                                   out["exit_ns"].astype("Int64").fillna(out["end_ns"].astype("Int64")).astype("int64"))
     return out[["rank", "start_ns", "end_ns", "last_rank"]].astype("int64")
 
 

@@ -17,6 +17,7 @@ GC_CAUSE = "gc"
 LAUNCH_BOUND = "launch_bound"
 HOST_SYNC = "host_sync"
 UNATTRIBUTED = "unattributed (no host activity)"
+BETWEEN_STEPS = "host work between steps"  # after a step annotation that covers part of the iteration
 NO_HOST = "gpu idle (no host events)"
 WAIT_PREFIX = "wait:"
 MAX_NAME = 120
@@ -25,16 +26,6 @@ MAX_NAME = 120
 GC_RE = re.compile(
     r"^(?:gc|gc\.collect|gc[.:_ ]?gen(?:eration)?[ _]?\d+|python[ _]gc|garbage[ _]collect(?:ion|or)?)$", re.I
 )
-# Host spans that block on a CPU collective (Gloo) until every DP rank arrives: time in them
-# with the GPU idle is waiting for another rank. NCCL host spans are asynchronous launches and
-# are not here (their time is the host cost of issuing the collective).
-CPU_WAIT_RE = re.compile(
-    r"gloo|(?:^|[^a-z])dp_?all_?reduce|sync_dp_padding|coordinate_batch_across_dp"
-    r"|sync_cudagraph_and_dp_padding|dispatch_cg_and_sync_dp|_has_global_unfinished_reqs"
-    r"|sync_dp_state|cpu_all_reduce|(?:^|[^a-z])barrier",
-    re.I,
-)
-
 _VLLM_STEP = re.compile(r"^execute_context_\d+\(.*\)_generation_\d+\(.*\)$")
 _PROFILER_STEP = re.compile(r"^(ProfilerStep)#\d+$")
 _SGLANG_STEP = re.compile(r"^step\[(\w+)[^\]]*\]$")
@@ -114,6 +105,5 @@ def classify_names(uniques: np.ndarray, step_names: frozenset[str]) -> dict[str,
         "cause": np.array([cause_name(r) for r in raw], dtype=object),
         "container": np.array([is_container(r, step_names) for r in raw], dtype=bool),
         "gc": np.array([bool(GC_RE.match(r.strip())) for r in raw], dtype=bool),
-        "cpu_wait": np.array([bool(CPU_WAIT_RE.search(r)) for r in raw], dtype=bool),
         "builtin": np.array([is_builtin_frame(r) for r in raw], dtype=bool),
     }

@@ -23,8 +23,9 @@ from profkit.analyze.overhead_layers import Layer, codes_at, covering, innermost
 WAIT, GC, HOST_SYNC, LAUNCH_BOUND = "wait", "gc", "host_sync", "launch_bound"
 SPAN, CPU_OP, PYTHON, SAMPLE, SELF = "span", "cpu_op", "python", "sample", "self"
 UNATTRIBUTED, NO_HOST = "unattributed", "no_host"
-CATEGORIES = np.array([WAIT, GC, HOST_SYNC, LAUNCH_BOUND, SPAN, CPU_OP, PYTHON, SAMPLE, SELF, UNATTRIBUTED, NO_HOST],
-                      dtype=object)
+BETWEEN_STEPS = "between_steps"
+CATEGORIES = np.array([WAIT, GC, HOST_SYNC, LAUNCH_BOUND, SPAN, CPU_OP, PYTHON, SAMPLE, SELF, UNATTRIBUTED, NO_HOST,
+                       BETWEEN_STEPS], dtype=object)
 _CAT = {c: i for i, c in enumerate(CATEGORIES)}
 IDLE, COMM_ONLY, LAUNCH_RUN = 0, 1, 2
 STATES = np.array(["idle", "comm_only", "launch_run"], dtype=object)
@@ -66,11 +67,9 @@ class EventArrays:
     rank_bounds: dict[int, tuple[int, int]]
     # per unique name
     cause_id: np.ndarray  # cause of the name itself (span / op / frame)
-    wait_id: np.ndarray  # "wait:<name>"
     sync_id: np.ndarray  # "host_sync (<name>)"
     container: np.ndarray
     gc: np.ndarray
-    cpu_wait: np.ndarray
     builtin: np.ndarray
     comm: np.ndarray  # communication kernel name
     comm_wait_id: np.ndarray  # "wait:<collective of the kernel>"
@@ -108,11 +107,9 @@ class EventArrays:
             coll=coll_codes,
             rank_bounds=bounds,
             cause_id=vocab.ids(info["cause"]),
-            wait_id=vocab.ids([nm.WAIT_PREFIX + c for c in info["cause"]]),
             sync_id=vocab.ids([f"{nm.HOST_SYNC} ({c})" for c in info["cause"]]),
             container=info["container"],
             gc=info["gc"],
-            cpu_wait=info["cpu_wait"],
             builtin=info["builtin"],
             comm=comm,
             comm_wait_id=vocab.ids([nm.WAIT_PREFIX + nm.collective_of_kernel(u) if c else ""
@@ -163,8 +160,14 @@ class RankCharges:
 
 
 def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, step_ids: np.ndarray,
-                   vocab: Vocab) -> RankCharges | None:
-    """Charge every idle-for-attribution piece of ``rank`` inside the windows [ws, we)."""
+                   vocab: Vocab, waits: Layer | None = None, marker_ends: np.ndarray | None = None
+                   ) -> RankCharges | None:
+    """Charge every idle-for-attribution piece of ``rank`` inside the windows [ws, we).
+
+    ``waits``: the rank's sync intervals (``syncpoints.wait_intervals``: arrival to release at
+    each host-blocking collective), coded with their ``wait:<name>`` cause ids. ``marker_ends``:
+    per window, where its step annotation ended (``steps.iteration_periods``): unnamed idle time
+    after it is ``host work between steps``."""
     a, b = ea.rank_bounds.get(rank, (0, 0))
     r = slice(a, b)
     starts, ends, names, threads = ea.start[r], ea.end[r], ea.name[r], ea.thread[r]
@@ -187,20 +190,27 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     sync_s, sync_e = host.sync_intervals(rt & ea.sync[names], rt & ea.poll[names], starts, ends)
     sync_layer = make_layer(sync_s, sync_e, np.zeros(sync_s.size, np.int64))
     comm_layer = _comm_layer(ea, r)
+    wait_layer = waits if waits is not None else make_layer(np.empty(0, np.int64), np.empty(0, np.int64),
+                                                            np.empty(0, np.int64))
 
+    me = marker_ends if marker_ends is not None else we
     cuts = iv.unique_sorted(np.concatenate(
-        [ws, we, sync_s, sync_e, gc_layer.starts, gc_layer.ends, comm_layer.starts, comm_layer.ends]
+        [ws, we, np.clip(me, ws, we), sync_s, sync_e, gc_layer.starts, gc_layer.ends, comm_layer.starts, comm_layer.ends,
+         wait_layer.starts, wait_layer.ends]
         + [x for group in layers.values() for layer in group for x in (layer.starts, layer.ends)]
     ))
     ps, pe, owner = split_at(state_s, state_e, cuts)
     pstate = state[owner]
-    step = step_ids[np.clip(np.searchsorted(ws, ps, side="right") - 1, 0, None)]
+    win = np.clip(np.searchsorted(ws, ps, side="right") - 1, 0, None)
+    step = step_ids[win]
     t = ps
 
     d = _Decider(ps.size)
     comm_j = covering(comm_layer, t)
     coll_wait = codes_at(comm_layer, comm_j, vocab.id(nm.WAIT_PREFIX + "collective"))
     d.assign(pstate == COMM_ONLY, coll_wait, WAIT)
+    in_sync = covering(wait_layer, t)  # the host is blocked in a collective: waiting, whatever span it is in
+    d.assign(in_sync >= 0, codes_at(wait_layer, in_sync), WAIT)
     d.assign(covering(gc_layer, t) >= 0, vocab.id(nm.GC_CAUSE), GC)
 
     named_p = _group(layers["named_p"], t, innermost)
@@ -215,7 +225,6 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
         c = np.maximum(code, 0)
         ok = (code >= 0) & ~ea.container[c]
         d.assign(ok & ea.gc[c], vocab.id(nm.GC_CAUSE), GC)
-        d.assign(ok & ea.cpu_wait[c], ea.wait_id[c], WAIT)
         d.assign(ok, ea.cause_id[c], SPAN)
 
     def deeper(suffix: str) -> None:
@@ -230,6 +239,7 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     deeper("o")
     for code in (named_p, named_o):  # the step-level span's self time
         d.assign(code >= 0, ea.cause_id[np.maximum(code, 0)], SELF)
+    d.assign(t >= me[win], vocab.id(nm.BETWEEN_STEPS), BETWEEN_STEPS)
     if hosty.any():
         d.assign(np.ones(ps.size, bool), vocab.id(nm.UNATTRIBUTED), UNATTRIBUTED)
     else:

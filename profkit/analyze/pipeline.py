@@ -40,6 +40,13 @@ class Analysis:
     # one row per task of the run: stage, rank, worker, wall_s, peak_rss_bytes, events
     run_stats: pd.DataFrame | None = None
     store: object | None = None  # the scale path's store when asked to keep the aligned events
+    # one row per (sync instance, rank): ``syncpoints.SYNC_COLUMNS`` (``OUT/sync_points.csv``)
+    sync_points: pd.DataFrame | None = None
+    # per (rank, step, phase): own work since the previous sync point (``stragglers.PHASE_STEP_COLUMNS``),
+    # the cause time the episodes are judged on
+    phase_steps: pd.DataFrame | None = None
+    # one line per disagreement between the straggler verdict and the cause table (``consistency``)
+    consistency: list[str] = field(default_factory=list)
 
 
 def one_host(meta: dict[int, list[dict]]) -> bool:

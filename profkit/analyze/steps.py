@@ -1,10 +1,20 @@
 """Serving steps: find them, then measure each step's wall time against its GPU-busy time.
 
-A step is one host-side span per engine iteration. Markers, most specific first:
-a user regex; profkit's / vLLM's step-loop span (``EngineCore.step``); vLLM's worker
-annotation ``execute_context_{n}({tok})_generation_{n}({tok})``; SGLang
-``step[DECODE bs=32]``; ``ProfilerStep#N``. The first marker found on any rank is used
-for every rank, so steps are comparable across ranks.
+A step is one engine iteration. Markers, most specific first: a user regex; profkit's /
+vLLM's step-loop span (``EngineCore.step``); vLLM's worker annotation
+``execute_context_{n}({tok})_generation_{n}({tok})``; SGLang ``step[DECODE bs=32]``;
+``ProfilerStep#N``. The first marker found on any rank is used for every rank, so steps are
+comparable across ranks.
+
+Markers that cover whole iterations (the step loop's span, ``ProfilerStep#N``, a user regex)
+are the step. Annotations that cover only the model runner's part (``ANNOTATION_MARKERS``: vLLM's
+worker annotation wraps ``execute_model`` only; SGLang's ``step[...]`` the forward batch) do not
+tile the iteration: the scheduler, output processing and any GC between two annotations are
+serving step time too. There a step runs from its annotation's start to the next annotation's
+start on the same rank (the iteration period); the last one, with no next start, ends at its
+annotation's end (kept, so a single-step trace still has its step, but it lacks the host work
+after it: ``whole_period`` is False). ``marker_end_ns`` is the annotation's own end: GPU-idle
+time after it is charged to the host work that ran there, else to ``host work between steps``.
 """
 from __future__ import annotations
 
@@ -48,12 +58,25 @@ STEP_COLUMNS = [
     "num_tokens",
     "marker",
     "name",
+    "marker_end_ns",
+    "whole_period",
 ]
+# markers that annotate part of an iteration: a step is the period from one to the next
+ANNOTATION_MARKERS = ("vllm", "sglang")
 
 _HOST_SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP)
 _VLLM_RE = re.compile(r"context_(\d+)\(([\d_]*)\)_generation_(\d+)\(([\d_]*)\)")
 _SGLANG_RE = re.compile(r"^step\[(\w+)(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?")
 _NUMBER_RE = re.compile(r"#(\d+)$")
+
+
+def marker_regex(step_pattern: str | None = None) -> re.Pattern[str]:
+    """One regex matching every step marker (the built-in ones and ``step_pattern``; a user
+    pattern that cannot be joined, e.g. one with global inline flags, is left out)."""
+    try:
+        return re.compile("|".join(f"(?:{m.pattern.pattern})" for m in step_markers(step_pattern)))
+    except re.error:
+        return re.compile("|".join(f"(?:{m.pattern.pattern})" for m in BUILTIN_MARKERS))
 
 
 def step_markers(step_pattern: str | None = None) -> tuple[StepMarker, ...]:
@@ -134,6 +157,27 @@ def _number_steps(spans: pd.DataFrame, marker_key: str, numbered: bool | None = 
     return spans[["rank", "step", "start_ns", "end_ns", "name", "marker"]]
 
 
+def iteration_periods(spans: pd.DataFrame) -> pd.DataFrame:
+    """Step spans -> steps: an annotation marker's step runs to the next annotation's start on
+    its rank (see the module docstring); other markers are the step. Adds ``marker_end_ns``
+    (the marker's own end) and ``whole_period``."""
+    spans = spans.copy()
+    spans["marker_end_ns"] = spans["end_ns"].astype("int64")
+    spans["whole_period"] = True
+    if spans.empty or not spans["marker"].isin(ANNOTATION_MARKERS).any():
+        return spans
+    spans = spans.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+    rank = spans["rank"].to_numpy(np.int64)
+    start = spans["start_ns"].to_numpy(np.int64)
+    end = spans["end_ns"].to_numpy(np.int64)
+    has_next = np.r_[rank[1:] == rank[:-1], False]
+    nxt = np.r_[start[1:], 0]
+    period = has_next & (nxt >= end) & spans["marker"].isin(ANNOTATION_MARKERS).to_numpy(bool)
+    spans["end_ns"] = np.where(period, nxt, end)
+    spans["whole_period"] = period | ~spans["marker"].isin(ANNOTATION_MARKERS).to_numpy(bool)
+    return spans
+
+
 def step_batch_facts(names: pd.Series) -> pd.DataFrame:
     """Phase (prefill / decode / mixed), batch size and tokens parsed from step names."""
     phase: list[str | None] = []
@@ -198,10 +242,13 @@ def step_table(events: pd.DataFrame, step_pattern: str | None = None,
     Steps that some source of the rank recorded only in part are left out (see
     ``drop_partly_recorded_steps``); ``attrs["dropped_steps"]`` says how many per rank.
     """
-    spans = find_step_spans(events, step_pattern, chosen)
+    spans = iteration_periods(find_step_spans(events, step_pattern, chosen))
     spans, dropped = drop_partly_recorded_steps(spans, events)
     if spans.empty:
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]}).reindex(columns=STEP_COLUMNS)
+        out = pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]}).reindex(columns=STEP_COLUMNS)
+        out["marker_end_ns"] = out["marker_end_ns"].astype("int64")
+        out["whole_period"] = out["whole_period"].astype(bool)
+        return out
     parts = []
     for rank, rank_spans in spans.groupby("rank", sort=True):
         rank_events = events[events["rank"] == rank]

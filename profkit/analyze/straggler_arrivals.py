@@ -150,15 +150,30 @@ def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame 
 
 def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
     """Per rank, the exits of every collective instance of the keys (groups) it takes part in,
-    sorted. An instance missing on a rank that belongs to its group (events dropped, the rank's
-    part not matched) still released it at the common exit: without this, its next work window
-    would reach back one sync point further and its work look longer than its peers'."""
+    sorted: the instance's common exit (the median of its ranks' ends), but never after the
+    rank's own release (``exit_ns`` where known, else its end): a peer whose end was recorded
+    late (a Gloo worker thread descheduled on a loaded host) must not place the exit after this
+    rank already went on to its next collective, which would make two work windows overlap. An
+    instance missing on a rank that belongs to its group (events dropped, the rank's part not
+    matched) still released it at the common exit: without this, its next work window would
+    reach back one sync point further and its work look longer than its peers'."""
+    own = inst["end_ns"].to_numpy(np.int64)
+    if "exit_ns" in inst:
+        own = np.maximum(own, inst["exit_ns"].astype("Int64").fillna(inst["end_ns"].astype("Int64"))
+                         .to_numpy(np.int64))
     exits = inst.groupby("instance").agg(key=("key", "first"), end_ns=("end_ns", "median"))
     exits["end_ns"] = exits["end_ns"].astype("int64")
-    by_key = {str(k): np.sort(g["end_ns"].to_numpy(np.int64)) for k, g in exits.groupby("key")}
+    inst = inst.assign(_own=np.minimum(own, inst["instance"].map(exits["end_ns"]).to_numpy(np.int64)))
+    by_key = {str(k): g for k, g in exits.groupby("key")}
     out = {}
-    for r, keys in inst.groupby("rank")["key"].agg(lambda k: set(map(str, k))).items():
-        out[int(r)] = np.sort(np.concatenate([by_key[k] for k in keys if k in by_key] or [np.empty(0, np.int64)]))
+    for r, mine in inst.groupby("rank"):
+        parts = [mine["_own"].to_numpy(np.int64)]
+        have = set(mine["instance"].tolist())
+        for k in set(map(str, mine["key"])):
+            g = by_key.get(k)
+            if g is not None:
+                parts.append(g.loc[~g.index.isin(have), "end_ns"].to_numpy(np.int64))
+        out[int(r)] = np.sort(np.concatenate(parts))
     return out
 
 

@@ -13,10 +13,14 @@ excess back to zero. ``straggler_episodes`` looks at each (rank, step) instead.
 - ``per_rank``: its per-rank table (``OUT/stragglers.csv``); ``rank``, ``own_work_ns`` (for the
   size condition below) and ``straggler`` (the whole-run verdict, copied onto the episodes: an
   episode is reported either way) are read;
-- ``cause_steps``: the time of each cause per (rank, step), ``rank, step, cause, ns`` (int64 ns):
-  ``compare.cause_step_table(analysis.charged)``, i.e. ``OUT/cause_steps.csv``, the GPU-idle
-  step time charged to each host cause. Waits (``waiting for rank k``, ``wait:...``,
-  ``transfer:...``) are never a cause.
+- ``cause_steps``: the time of each cause per (rank, step), ``rank, step, cause, ns`` (int64 ns).
+  The pipeline passes ``analysis.phase_steps``: each rank's own work per phase since its
+  previous sync point, in the windows of the step whose sync it arrived at
+  (``stragglers.PHASE_STEP_COLUMNS``), so a cause in the previous step counts (a GC at the end
+  of step k makes the rank late at step k+1's sync: the episode is k+1, its cause the GC).
+  ``compare.cause_step_table(analysis.charged)`` (``OUT/cause_steps.csv``, GPU-idle time per
+  step) is the same kind of table, but cut at step boundaries. Waits (``waiting for rank k``,
+  ``wait:...``, ``transfer:...``) are never a cause.
 
 A (rank, step) is an episode when all four hold:
 

@@ -14,8 +14,9 @@ one phase, from the critical-path point of view of its launching threads:
    else ``host_sync (<span>)`` (the sync itself, e.g. an injected stall);
 3. otherwise the host activity the overhead attribution names (``overhead.attribute_gaps`` with
    the GPU left out, so GPU-busy time is named too): ``gc``, the innermost span
-   (``Scheduler.schedule``), a step span's self time (``EngineCore.step``), a blocking CPU
-   collective as ``wait:<span>``, ``unattributed (no host activity)``.
+   (``Scheduler.schedule``), a step span's self time (``EngineCore.step``), time blocked in a
+   host-blocking collective as ``wait:<name>`` (from the rank's arrival to its release,
+   ``syncpoints``: a victim phase whatever span it sits in), ``unattributed (no host activity)``.
 
 The GPU timeline gets its own pieces (``gpu_pieces``): compute-busy time named ``gpu:<kernel>``
 after the kernel running, for arrivals the GPU set (a kernel that waited in the stream queue).
@@ -68,13 +69,14 @@ def kernel_label(name: str) -> str:
 
 
 # ---- labelling -----------------------------------------------------------------------------
-def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame, sync_waits: pd.DataFrame | None = None,
+                    steps: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Host pieces (``labelled_pieces``) and GPU pieces (``gpu_pieces``) of every rank."""
     if events is None or not len(events) or not len(extents):
         return _empty_pieces(), _empty_pieces()
     is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
     g = _GpuArrays.build(events[is_gpu])
-    return labelled_pieces(events, extents, g), gpu_pieces(g)
+    return labelled_pieces(events, extents, g, sync_waits, steps), gpu_pieces(g)
 
 
 def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
@@ -97,16 +99,21 @@ def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
 
 
-def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_GpuArrays | None" = None) -> pd.DataFrame:
+def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_GpuArrays | None" = None,
+                    sync_waits: pd.DataFrame | None = None, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Disjoint phase pieces per rank over ``extents`` (``rank, trace_start_ns, trace_end_ns``):
-    ``PIECE_COLUMNS``, sorted by rank and start (see the module docstring for the rules)."""
+    ``PIECE_COLUMNS``, sorted by rank and start (see the module docstring for the rules).
+    ``sync_waits``: the host-blocking collectives (``syncpoints.wait_intervals``; found in
+    ``events`` when None): time blocked in one is a wait, a victim phase, whatever span it is in.
+    ``steps``: where a step annotation ends before its step does (``steps.iteration_periods``),
+    unnamed host time after it is ``host work between steps``, as in ``causes.csv``."""
     if events is None or not len(events) or not len(extents):
         return _empty_pieces()
-    windows = pd.DataFrame({"rank": extents["rank"].astype("int64"), "step": np.int64(-1),
-                            "start_ns": extents["trace_start_ns"].astype("int64"),
-                            "end_ns": extents["trace_end_ns"].astype("int64")})
+    windows = _tiled_windows(extents, steps)
     is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
-    host = ov.attribute_gaps(events[~is_gpu], windows)  # every host instant, GPU left out
+    if sync_waits is None:
+        sync_waits = ov.sync_wait_intervals(events)  # from all events: GPU collectives are not host-blocking
+    host = ov.attribute_gaps(events[~is_gpu], windows, sync_waits)  # every host instant, GPU left out
     gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(events[is_gpu])
     runs = _launch_runs(events, gpu_ev)
     copies = _blocking_copies(events)
@@ -242,6 +249,39 @@ def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: i
         ph[copy_idle] = np.array([f"{ov.HOST_SYNC} ({p})" for p in ph[copy_idle]], dtype=object)
         ct[copy_idle] = ov.HOST_SYNC
     return _merge(rank, ps, pe, ph, ct)
+
+
+def _tiled_windows(extents: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """Each rank's traced extent as one window, or, where step annotations end before their
+    steps, cut at the steps so each keeps its annotation's end (``marker_end_ns``)."""
+    base = pd.DataFrame({"rank": extents["rank"].astype("int64"), "step": np.int64(-1),
+                         "start_ns": extents["trace_start_ns"].astype("int64"),
+                         "end_ns": extents["trace_end_ns"].astype("int64")})
+    if steps is None or not len(steps) or "marker_end_ns" not in steps:
+        return base
+    short = steps["marker_end_ns"].astype("int64") < steps["end_ns"].astype("int64")
+    if not short.any():
+        return base
+    by_rank = {int(r): g.sort_values("start_ns") for r, g in steps[short].groupby("rank")}
+    rows = []
+    for rank, lo, hi in zip(base["rank"], base["start_ns"], base["end_ns"]):
+        cursor = int(lo)
+        g = by_rank.get(int(rank))
+        if g is not None:
+            for s, e, me in zip(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64),
+                                g["marker_end_ns"].to_numpy(np.int64)):
+                s, e = max(int(s), cursor), min(int(e), int(hi))
+                if e <= s:
+                    continue
+                if s > cursor:
+                    rows.append((rank, cursor, s, s))
+                rows.append((rank, s, e, min(max(int(me), s), e)))
+                cursor = e
+        if cursor < hi:
+            rows.append((rank, cursor, int(hi), int(hi)))
+    out = pd.DataFrame(rows, columns=["rank", "start_ns", "end_ns", "marker_end_ns"]).astype("int64")
+    out.insert(1, "step", np.int64(-1))
+    return out
 
 
 def _inside(merged: iv.Intervals, t: np.ndarray) -> np.ndarray:

@@ -28,6 +28,12 @@ Definitions (int64 ns):
 - ``score``: relative performance, 1.0 = the best rank: the best rank's own work (summed step
   time minus the time it waited at sync points) over this rank's. 0.8 = it needs 25% longer
   for the same steps. Equal step times do not hide a straggler: its peers' time is waiting.
+- ``waited_for_rank`` / ``waited_for_ns``: the rank it waited for longest at sync points (the
+  last arriver of the instances it waited at) and that wait. A victim (not a straggler, its
+  largest excess under ``MIN_EXCESS_SHARE`` of the best rank's own work and under that wait) reads
+  ``top_cause`` = ``waiting for rank k`` with that wait, as in ``causes.csv`` (its excess phase
+  becomes ``second_cause``); so does a rank-step of ``lateness.csv`` that was last nowhere and
+  waited longer than any own excess.
 - ``top_cause``: the phase on the rank's own timeline (``straggler_phases``) with the largest
   excess over the same phase on its peers, summed over windows that tile the timeline once:
   on the host, from where the hosts last synchronized (a CPU collective such as the DP
@@ -75,7 +81,7 @@ STRAGGLER_COLUMNS = ["rank", "times_last", "late_ns_p50", "late_ns_p99", "caused
 STRAGGLER_EXTRA_COLUMNS = [
     "straggler", "n_instances", "excess_ns", "excess_share", "excess_z", "top_cause_ns", "top_cause_category",
     "second_cause", "second_cause_ns", "host_excess_ns", "gpu_excess_ns", "late_ns_total", "wait_ns", "own_work_ns",
-    "step_total_ns", "caused_wait_share",
+    "step_total_ns", "caused_wait_share", "waited_for_rank", "waited_for_ns",
 ]
 INSTANCE_COLUMNS = [
     "instance", "step", "group", "seq", "coll_name", "source_kind", "key", "n_ranks",
@@ -93,6 +99,7 @@ DOMINANT_WAIT_RATIO = 2.0  # ... or it caused at least twice the wait of any oth
 MIN_SCALE_NS = 10_000  # floor of the per-step noise scale (10 us): below, timing noise
 MIN_PEERS_FOR_NOISE = 4  # ranks needed to measure per-step noise on the peers (else on the rank itself)
 TAIL_WINDOW = -1  # id of the accounting window after the last host sync
+WAIT_CATEGORY = "wait"
 
 
 def straggler_table(
@@ -118,7 +125,7 @@ def straggler_table(
 
         instances = collective_instances(events, complete_only=False)
     plan = plan_stragglers(instances, arr_mod.trace_windows(events), steps, matched)
-    phases = (rank_window_phases(plan.windows(), *ph_mod.timeline_pieces(events, plan.extents))
+    phases = (rank_window_phases(plan.windows(), *ph_mod.timeline_pieces(events, plan.extents, None, steps))
               if plan.measured else None)
     return finish_stragglers(plan, phases)
 
@@ -138,6 +145,8 @@ class StragglerPlan:
     gpu_w: pd.DataFrame | None = None  # per (rank, GPU instance): previous collective exit -> arrival
     acc_w: pd.DataFrame | None = None  # windows that tile each host timeline once
     acc_step: dict = field(default_factory=dict)
+    # filled by ``finish_stragglers``: each rank's own work per step and phase (``PHASE_STEP_COLUMNS``)
+    phase_steps: pd.DataFrame | None = None
 
     @property
     def measured(self) -> bool:
@@ -228,7 +237,9 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     per_rank = _per_rank(plan.ranks, arrivals, steps, extents, acc_x, report)
     matched = plan.matched if plan.matched is not None else _match(plan.instances)
     per_inst = _per_instance(arrivals, why, matched)
-    lateness = _lateness(arrivals, acc_x.assign(step=acc_x["window"].map(acc_step)))
+    acc_x = acc_x.assign(step=acc_x["window"].map(acc_step))
+    lateness = _lateness(arrivals, acc_x)
+    plan.phase_steps = _phase_steps(acc_x)
     per_rank.attrs["report"] = report
     return per_rank, per_inst, lateness
 
@@ -318,6 +329,14 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     late_pos = arrivals["late_ns"].clip(lower=0).groupby(arrivals["rank"]).sum()
     out["late_ns_total"] = late_pos.reindex(out.index).fillna(0).astype("int64")
     out["wait_ns"] = g["wait_ns"].sum().reindex(out.index).fillna(0).astype("int64")
+    # whom the rank waited for most (its wait at instances, by their last arriver): a victim's
+    # line reads "waiting for rank k", as its causes do
+    whom = _waited_for(arrivals, ["rank"])
+    last_of = arrivals.loc[arrivals["is_last"].to_numpy(bool)].set_index("instance")["rank"]
+    waited = arrivals.assign(last=arrivals["instance"].map(last_of))
+    waited = waited[waited["last"].to_numpy() == waited["rank"].map(whom).to_numpy()]
+    out["waited_for_rank"] = whom.reindex(out.index).astype("Int64")
+    out["waited_for_ns"] = waited.groupby("rank")["wait_ns"].sum().reindex(out.index).fillna(0).astype("int64")
     out["excess_ns"] = g["work_excess_ns"].sum().reindex(out.index).fillna(0).astype("int64")
     out["step_total_ns"] = _step_totals(out.index, steps, extents)
     out["own_work_ns"] = out["step_total_ns"] - out["wait_ns"]
@@ -339,6 +358,19 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
         out[c] = top[c].reindex(out.index) if len(top) else None
     out["top_cause_ns"] = out["top_cause_ns"].astype("Int64")
     out["second_cause_ns"] = out["second_cause_ns"].astype("Int64")
+    # a victim: not a straggler, no own excess worth reporting, and it waited for someone: its
+    # line says whom (its excess phase, noise, moves to second)
+    small = out["top_cause_ns"].fillna(0).astype("float64") < MIN_EXCESS_SHARE * (best if best and best > 0 else 0)
+    victim = ~out["straggler"].astype(bool) & small & out["waited_for_rank"].notna()
+    victim &= out["waited_for_ns"] > out["top_cause_ns"].fillna(0).astype("int64")
+    if victim.any():
+        out["top_cause_category"] = out["top_cause_category"].astype(object)
+        out["second_cause"] = out["second_cause"].astype(object)
+        out.loc[victim, "second_cause"] = out.loc[victim, "top_cause"]
+        out.loc[victim, "second_cause_ns"] = out.loc[victim, "top_cause_ns"]
+        out.loc[victim, "top_cause"] = [f"waiting for rank {int(k)}" for k in out.loc[victim, "waited_for_rank"]]
+        out.loc[victim, "top_cause_ns"] = out.loc[victim, "waited_for_ns"].astype("int64")
+        out.loc[victim, "top_cause_category"] = WAIT_CATEGORY
     out = out.reset_index()
     return out[STRAGGLER_COLUMNS + STRAGGLER_EXTRA_COLUMNS]
 
@@ -459,6 +491,23 @@ def _best(excess: pd.DataFrame, by) -> pd.DataFrame:
     return pos.groupby(by, sort=False).head(1).set_index(by)
 
 
+PHASE_STEP_COLUMNS = ["rank", "step", "cause", "ns"]
+
+
+def _phase_steps(acc_excess: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step, phase): the rank's own time in the phase in the windows of that step (its
+    work since its previous sync point, up to each arrival of the step; waits are not phases).
+    Episodes read their causes here: a GC at the end of step k makes the rank late at step k+1's
+    sync, and the window of that sync holds it."""
+    if acc_excess is None or not len(acc_excess):
+        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
+                             "cause": pd.Series(dtype=object), "ns": pd.Series(dtype="int64")})
+    x = acc_excess[(acc_excess["ns"] > 0).to_numpy(bool) & acc_excess["step"].notna().to_numpy(bool)]
+    g = x.groupby(["rank", "step", "phase"], sort=True)["ns"].sum().reset_index()
+    g = g.rename(columns={"phase": "cause"}).astype({"rank": "int64", "step": "int64", "ns": "int64"})
+    return g[PHASE_STEP_COLUMNS]
+
+
 def _lateness(arrivals: pd.DataFrame, acc_excess: pd.DataFrame) -> pd.DataFrame:
     g = arrivals.assign(_late_pos=arrivals["late_ns"].clip(lower=0)).groupby(["rank", "step"], sort=True)
     out = pd.DataFrame({
@@ -478,7 +527,27 @@ def _lateness(arrivals: pd.DataFrame, acc_excess: pd.DataFrame) -> pd.DataFrame:
     else:
         out["top_cause"], out["top_cause_ns"] = None, np.nan
     out["top_cause_ns"] = pd.Series(out["top_cause_ns"], index=out.index, dtype="float64").astype("Int64")
+    # a rank-step that was last nowhere and waited longer than any own excess: a victim's step
+    whom = _waited_for(arrivals, ["rank", "step"])
+    victim = (out["times_last"] == 0) & (out["wait_ns"] > out["top_cause_ns"].fillna(0).astype("int64"))
+    victim &= whom.reindex(out.index).notna()
+    if victim.any():
+        out["top_cause"] = out["top_cause"].astype(object)
+        out.loc[victim, "top_cause"] = [f"waiting for rank {int(k)}" for k in whom.reindex(out.index)[victim]]
+        out.loc[victim, "top_cause_ns"] = out.loc[victim, "wait_ns"]
     return out.reset_index()[LATENESS_COLUMNS]
+
+
+def _waited_for(arrivals: pd.DataFrame, by: list[str]) -> pd.Series:
+    """Per group ``by``: the rank waited for longest (the last arriver of the instances waited at)."""
+    last_of = arrivals.loc[arrivals["is_last"].to_numpy(bool)].set_index("instance")["rank"]
+    w = arrivals[by + ["instance", "wait_ns"]].assign(last=arrivals["instance"].map(last_of))
+    w = w[(w["wait_ns"] > 0) & (w["last"] != w["rank"])]
+    if not len(w):
+        return pd.Series(dtype="float64")
+    w = w.groupby(by + ["last"])["wait_ns"].sum().reset_index()
+    w = w.sort_values(by + ["wait_ns", "last"], ascending=[True] * len(by) + [False, True], kind="stable")
+    return w.groupby(by).head(1).set_index(by)["last"]
 
 
 def _match(instances: pd.DataFrame) -> pd.DataFrame | None:

@@ -176,6 +176,9 @@ class Capture:
     skipped: list[str]  # one line per input that could not be read: "<file>: <problem>"
     warnings: list[str]
     n_events: int | None = None  # set when ``events`` is not held (the scale path)
+    # processes that are no rank and were left out (front ends, API servers, the DP coordinator
+    # of a multi-rank capture): path, key, role, pids, n_events
+    unranked: list[dict] = field(default_factory=list)
 
     @property
     def event_count(self) -> int:
@@ -212,6 +215,9 @@ def load(
         rank_map = RankMap(by_file=dict(rank_map))
     rank_map = rank_map or RankMap()
     files, skipped = discover(paths)
+    from profkit.ingest.manifest import manifest_facts
+
+    manifest = manifest_facts(files)
     loaded: list[RankPart] = []
     for path in files:
         if progress:
@@ -222,17 +228,32 @@ def load(
             skipped.append(str(exc))
         except MemoryError:
             skipped.append(f"{path}: out of memory while reading")
-    kept, warnings = resolve_ranks(loaded, rank_map, skipped)
-    return _assemble(kept, skipped, warnings)
+    unranked: list[dict] = []
+    kept, warnings = resolve_ranks(loaded, rank_map, skipped, manifest, unranked)
+    capture = _assemble(kept, skipped, warnings)
+    capture.unranked = unranked
+    return capture
 
 
-def resolve_ranks(parts: list, rank_map: RankMap, skipped: list[str]) -> tuple[list, list[str]]:
-    """Give every part its rank: mapping > metadata > file name > input order; drop conflicts.
+UNRANKED_ROLES = ("frontend", "coordinator")  # vLLM's API server / offline front end, DP coordinator
+
+
+def resolve_ranks(parts: list, rank_map: RankMap, skipped: list[str], manifest=None,
+                  unranked: list[dict] | None = None) -> tuple[list, list[str]]:
+    """Give every part its rank: mapping > metadata > file name > the capture manifest's pids >
+    input order; drop conflicts.
 
     ``parts``: ``RankPart`` s, or any objects with the same attributes whose ``gpu_events`` and
     ``pids`` are known without a table (the scale path's part descriptors). Parts of one file
     come together, in input order. Returns the kept parts and the warnings; a conflicting part
     is skipped with a line in ``skipped`` naming both files.
+
+    Processes that are no rank never get one by order (``manifest``: ``ingest.manifest.ManifestFacts``):
+    a part without a rank whose process the capture listed as unranked, whose role is a front
+    end or the DP coordinator, or that is a profkit span file without GPU work (its process never
+    learned a rank: an offline ``LLM`` front end). Such a part serves the ranks: with exactly one
+    rank it joins that rank (``rank_origin`` ``serves``, as vLLM's engine-core process joins its
+    worker's); otherwise it is left out and described in ``unranked``.
     """
     warnings: list[str] = []
     loaded: list = []
@@ -250,11 +271,22 @@ def resolve_ranks(parts: list, rank_map: RankMap, skipped: list[str]) -> tuple[l
                     part.rank, part.rank_origin = from_name, "filename"
             warnings.extend(f"{part.label}: {w}" for w in part.warnings)
             loaded.append(part)
-    # processes outside any rank (vLLM's API server, DP coordinator) are not given one by order
-    unranked_roles = [p for p in loaded if p.rank is None and p.meta.get("role") in ("frontend", "coordinator")]
-    for part in unranked_roles:
-        warnings.append(f"{part.label}: {part.meta['role']} process has no rank; its spans are left out")
-    loaded = [p for p in loaded if p not in unranked_roles]
+    # the capture manifest knows the pids of each rank
+    for part in loaded:
+        if part.rank is None and manifest is not None and manifest.rank_of_pid:
+            found = {manifest.rank_of_pid[p] for p in _process_ids(part) if p in manifest.rank_of_pid}
+            if len(found) == 1:
+                part.rank, part.rank_origin = found.pop(), "manifest"
+    if manifest is not None:
+        warnings.extend(manifest.warnings)
+    # processes outside any rank (vLLM's front end, API servers, DP coordinator) are not given one
+    # by order; a span file that never learned its rank is one of them only beside ranked parts
+    # (alone, or among other unranked inputs, it is a program that never said its rank)
+    outside = [p for p in loaded if p.rank is None and _not_a_rank(p, manifest, strict=True)]
+    if any(p.rank is not None for p in loaded):
+        outside += [p for p in loaded if p.rank is None and not any(p is o for o in outside)
+                    and _not_a_rank(p, manifest, strict=False)]
+    loaded = [p for p in loaded if not any(p is o for o in outside)]
     # inputs that still have no rank get the lowest free ones, in input order
     used = {p.rank for p in loaded if p.rank is not None}
     next_free = 0
@@ -272,7 +304,42 @@ def resolve_ranks(parts: list, rank_map: RankMap, skipped: list[str]) -> tuple[l
             skipped.append(str(DuplicateRankError(part.rank, owner.label, part.label)))
             continue
         kept.append(part)
+    ranks = sorted({int(p.rank) for p in kept})
+    for part in outside:
+        role = _role(part, manifest) or "process"
+        if len(ranks) == 1:
+            part.rank, part.rank_origin = ranks[0], "serves"
+            kept.append(part)
+            warnings.append(f"{part.label}: {role} outside any rank; joined to rank {ranks[0]}, the only rank it serves")
+            continue
+        warnings.append(f"{part.label}: {role} outside any rank; left out (not a rank: listed as unranked)")
+        if unranked is not None:
+            unranked.append({"path": part.path, "key": part.key, "source": part.source, "role": _role(part, manifest),
+                             "pids": sorted(_process_ids(part)), "n_events": part_n_events(part)})
     return kept, warnings
+
+
+def _process_ids(part) -> set[int]:
+    """The part's pids, and the one its header names (a span file without spans has no rows)."""
+    pid = part.meta.get("pid")
+    return part_pids(part) | ({int(pid)} if isinstance(pid, int) else set())
+
+
+def _role(part, manifest) -> str | None:
+    role = part.meta.get("role")
+    if role is None and manifest is not None:
+        role = next((manifest.unranked[p] for p in _process_ids(part) if p in manifest.unranked), None)
+    return role
+
+
+def _not_a_rank(part, manifest, strict: bool) -> bool:
+    """A part without a rank that is a process serving the ranks (see ``resolve_ranks``):
+    ``strict``, by its role or the capture's word; else also a profkit span file without GPU work."""
+    if part.meta.get("role") in UNRANKED_ROLES:
+        return True
+    if manifest is not None and _process_ids(part) & set(manifest.unranked):
+        return True
+    return not strict and part.source == "profkit" and not part_gpu_events(part)
 
 
 def _conflict(a, b) -> bool:

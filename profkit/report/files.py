@@ -38,7 +38,10 @@ def summary_document(analysis) -> dict[str, Any]:
         "n_ranks": len(ranks),
         "ranks": ranks,
         "inputs": [{k: _jsonable(v) for k, v in r.items()} for r in analysis.capture.parts.to_dict("records")],
+        "consistency": list(getattr(analysis, "consistency", None) or []),
         "skipped": list(analysis.capture.skipped),
+        "unranked_processes": [{k: _jsonable(v) if not isinstance(v, list) else v for k, v in u.items()}
+                               for u in getattr(analysis.capture, "unranked", [])],
         "warnings": list(analysis.capture.warnings) + list(analysis.warnings),
     }
 
@@ -72,6 +75,9 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
         written.append(_csv(per_rank[STRAGGLER_COLUMNS + extra], out / "stragglers.csv"))
         written.append(_csv(analysis.lateness, out / "lateness.csv"))
         written.append(_csv(analysis.straggler_instances, out / "straggler_instances.csv"))
+    sync_points = getattr(analysis, "sync_points", None)
+    if isinstance(sync_points, pd.DataFrame):  # one row per (sync instance, rank): syncpoints.SYNC_COLUMNS
+        written.append(_csv(sync_points, out / "sync_points.csv"))
     episodes = getattr(analysis, "straggler_episodes", None)
     if isinstance(episodes, pd.DataFrame):  # one row per episode (straggler_episodes.EPISODE_COLUMNS)
         written.append(_csv(episodes, out / "straggler_episodes.csv"))

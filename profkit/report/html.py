@@ -109,7 +109,9 @@ def _verdict(analysis, head: data.Headline) -> str:
         card("ranks", str(head.n_ranks), f"{head.n_steps:,} rank-steps"),
         card("stragglers", _straggler_card(head.straggler_ranks)),
     ]
-    return f'<p class="verdict">{verdict_sentence(analysis, head)}</p><div class="cards">{"".join(cards)}</div>\n'
+    lines = getattr(analysis, "consistency", None) or []
+    warn = "".join(f'<p class="consistency"><b>consistency:</b> {esc(line)}</p>' for line in lines)
+    return f'<p class="verdict">{verdict_sentence(analysis, head)}</p>{warn}<div class="cards">{"".join(cards)}</div>\n'
 
 
 def _nav() -> str:

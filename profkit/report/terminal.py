@@ -41,6 +41,8 @@ def render_summary(analysis) -> str:
     episodes = getattr(analysis, "straggler_episodes", None)
     if isinstance(episodes, pd.DataFrame) and len(episodes):
         lines.append(episode_line(episodes))
+    for line in getattr(analysis, "consistency", None) or []:  # the verdict and the causes disagree
+        lines.append(f"consistency: {line}")
     causes = getattr(analysis, "causes", None)
     if causes is not None and len(causes):
         lines.append("top causes of GPU-idle step time (all ranks and steps):")

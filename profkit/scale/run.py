@@ -24,7 +24,9 @@ from profkit.analyze.pipeline import Analysis, one_host
 from profkit.analyze.steps import choose_step_marker
 from profkit.analyze.straggler_episodes import straggler_episodes
 from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
+from profkit.analyze.consistency import verdict_consistency
 from profkit.analyze.summary import rank_summary
+from profkit.analyze.syncpoints import sync_point_table
 from profkit.ingest.loader import Capture, RankMap, describe_parts, discover, resolve_ranks
 from profkit.scale import stages
 from profkit.scale.executors import SerialExecutor, make_executor
@@ -45,14 +47,19 @@ def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say) -> tu
         if r.skipped:
             skipped.append(r.skipped)
         parts.extend(r.parts)
-    kept, warnings = resolve_ranks(parts, rank_map, skipped)
+    from profkit.ingest.manifest import manifest_facts
+
+    unranked: list[dict] = []
+    kept, warnings = resolve_ranks(parts, rank_map, skipped, manifest_facts(files), unranked)
     for p in parts:
         if p not in kept:
             store.drop(p.store_key)
     keys: dict[int, list[str]] = {}
     for p in kept:
         keys.setdefault(int(p.rank), []).append(p.store_key)
-    return _capture_of(kept, skipped, warnings), keys, [r.stats for r in read]
+    capture = _capture_of(kept, skipped, warnings)
+    capture.unranked = unranked
+    return capture, keys, [r.stats for r in read]
 
 
 def _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch):
@@ -213,11 +220,12 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     _trim()
     warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
     chosen = choose_step_marker([p.markers for p in prep], step_pattern)
+    sync_names = _sync_names(prep, alignment)
     say(f"aligned {len(ranks)} rank(s); analyzing each rank")
     # map 2 + reduce: per-rank facts on the common clock, then who arrived last where
     rr = ex.map(stages.rank_task,
                 [(r, stages.rank_alignment(alignment, r) if alignment is not None else None, chosen, step_pattern,
-                  store, keep_aligned) for r in ranks], labels)
+                  store, keep_aligned, sync_names) for r in ranks], labels)
     stats += [r.stats for r in rr]
     steps = _concat([r.steps for r in rr], rr[0].steps if rr else None)
     if steps is None:
@@ -260,6 +268,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
 
         extents = trace_windows(schema.empty_frame())
     plan = plan_stragglers(instances, extents, steps, matched)
+    sync_points = sync_point_table(instances, matched)
     # map 3 + reduce: phase sums in the straggler windows and the causes, then the verdicts
     by_rank = dict(iter(arrivals.groupby("rank", sort=False))) if arrivals is not None else {}
     fin = ex.map(stages.finish_task,
@@ -274,7 +283,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     del phases
     causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
     cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
-    episodes = straggler_episodes(lateness, per_rank, cause_steps)
+    episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
     charged = None
     if keep_aligned:
         charged = _concat([store.get(stages.charged_key(r)) for r in ranks], overhead._empty_charged())
@@ -305,7 +314,28 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         balance=balance,
         warnings=warnings,
         run_stats=stages.stats_frame(stats),
+        sync_points=sync_points,
+        phase_steps=plan.phase_steps,
+        consistency=verdict_consistency(per_rank, straggler_ranks(per_rank), cause_steps),
     )
+
+
+def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:
+    """Span names that are sync points by cross-rank evidence (blocking OS calls, aligned ends),
+    from every rank's small span facts, the samples moved onto the common clock."""
+    from profkit.align import apply_alignment
+    from profkit.analyze.syncpoints import decide_sync_names
+
+    facts = [p.span_facts for p in prep if p.span_facts is not None and len(p.span_facts)]
+    samples = [p.span_samples for p in prep if p.span_samples is not None and len(p.span_samples)]
+    for p in prep:
+        p.span_facts = p.span_samples = None
+    if not facts:
+        return {}
+    sample = pd.concat(samples, ignore_index=True) if samples else None
+    if sample is not None and alignment is not None:
+        sample = apply_alignment(sample, alignment.ranks)
+    return decide_sync_names(pd.concat(facts, ignore_index=True), sample)
 
 
 def _trim() -> None:

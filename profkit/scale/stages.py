@@ -36,9 +36,10 @@ from profkit.analyze import straggler_phases as ph_mod
 from profkit.analyze.balance import step_tokens
 from profkit.analyze.collectives import collective_candidates
 from profkit.analyze.gpu import gpu_timelines
-from profkit.analyze.steps import step_marker_facts, step_table
+from profkit.analyze.steps import marker_regex, step_marker_facts, step_table
 from profkit.analyze.straggler_arrivals import trace_windows
 from profkit.analyze.stragglers import WindowPhases, rank_window_phases
+from profkit.analyze.syncpoints import span_facts, wait_intervals
 from profkit.analyze.window import clip_to_recorded
 from profkit.errors import TraceError
 from profkit.ingest.cache import table_with_rank
@@ -170,6 +171,10 @@ class PrepareResult:
     markers: dict[str, bool]
     n_events: int
     stats: TaskStats | None = None
+    # ``syncpoints.span_facts`` on the rank's own clock: per span name its time, blocked time and
+    # whether it holds a collective; a block of its ends (the driver decides sync points by name)
+    span_facts: pd.DataFrame | None = None
+    span_samples: pd.DataFrame | None = None
 
 
 def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | None) -> PrepareResult:
@@ -185,7 +190,9 @@ def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | Non
     clock = prepare_rank(events) if len(events) else None
     if clock is not None:
         store.put(candidates_key(rank), clock.candidates)  # reused on the common clock by rank_task
-    out = PrepareResult(rank=rank, clock=clock, markers=step_marker_facts(events, step_pattern), n_events=len(events))
+    facts, samples = span_facts(events, marker_regex(step_pattern)) if len(events) else (None, None)
+    out = PrepareResult(rank=rank, clock=clock, markers=step_marker_facts(events, step_pattern), n_events=len(events),
+                        span_facts=facts, span_samples=samples)
     out.stats = _stats("prepare", rank, t0, len(events))
     return out
 
@@ -220,8 +227,9 @@ def rank_alignment(alignment: Alignment, rank: int) -> Alignment:
 
 
 def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] | None, step_pattern: str | None,
-              store, keep_aligned: bool = False) -> RankResult:
-    """Everything one rank's events say on their own, on the common clock."""
+              store, keep_aligned: bool = False, sync_names: dict[str, str] | None = None) -> RankResult:
+    """Everything one rank's events say on their own, on the common clock. ``sync_names``: span
+    names the driver recognized as sync points across ranks (``syncpoints.decide_sync_names``)."""
     t0 = time.perf_counter()
     _maybe_die("rank", rank)
     events = store.get(events_key(rank))
@@ -231,19 +239,20 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     steps = step_table(events, step_pattern, chosen)
     dropped_steps = int(steps.attrs.get("dropped_steps", {}).get(rank, 0))
     events, cut = clip_to_recorded(events)
-    if chosen is not None and not len(steps):  # other ranks have steps: this one has no windows
-        windows = overhead.analysis_windows(events.iloc[:0], steps)
-        charged = overhead.attribute_gaps(events.iloc[:0], steps)
-    else:
-        windows = overhead.analysis_windows(events, steps)
-        charged = overhead.attribute_gaps(events, windows)
-    if alignment is not None and not duplicates and not cut:
+    if alignment is not None and not duplicates and not cut and not sync_names:
         # nothing was dropped: the collectives found before alignment, moved onto the common clock
         candidates = apply_alignment(store.get(candidates_key(rank)), alignment)
     else:
-        candidates = collective_candidates(events)
+        candidates = collective_candidates(events, sync_names)
+    waits = wait_intervals(candidates)  # where the host was blocked in a collective
+    if chosen is not None and not len(steps):  # other ranks have steps: this one has no windows
+        windows = overhead.analysis_windows(events.iloc[:0], steps)
+        charged = overhead.attribute_gaps(events.iloc[:0], steps, waits.iloc[:0])
+    else:
+        windows = overhead.analysis_windows(events, steps)
+        charged = overhead.attribute_gaps(events, windows, waits)
     extents = trace_windows(events)
-    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents)
+    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents, waits, steps)
     store.put(charged_key(rank), charged)  # waits not yet named after the last arriver
     store.put(f"host-pieces-{rank}", host_pieces)
     store.put(f"gpu-pieces-{rank}", gpu_pieces)

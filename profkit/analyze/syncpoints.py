@@ -1,0 +1,664 @@
+"""Sync points: where a rank's host blocks until the other ranks arrive, found from evidence.
+
+Why: a slow rank's victims wait at the next sync point, and that wait must be charged as
+``waiting for rank k``, never as the span they waited in. profkit's verdicts were right on
+programs whose span names it knew (``sync_dp_padding``) and wrong on others (a user's
+``record_function("dp_padding_allreduce")`` around the same Gloo all-reduce became the victim's
+"top cause"). So a host span is recognized as a synchronizing call from what the trace shows,
+never from its name alone:
+
+- ``collective_op``: it holds a host-blocking collective op on its thread (``c10d::allreduce_``
+  and friends, ``record_param_comms`` with a collective, on a group that runs no GPU kernel: a
+  Gloo / CPU group); ``gloo_span``: a Gloo worker thread ran the collective (``gloo:all_reduce``);
+- ``blocking_call`` (nsys with ``osrt``): blocking OS calls (``pthread_cond_wait``, futex, poll,
+  ``epoll_wait``, recv, ``sem_wait``, ...) cover most of its time on some rank;
+- ``aligned_ends``: across ranks, the ends of its instances line up while their starts spread
+  (the signature of a barrier), and it holds no collective of its own (the innermost such span);
+- ``name``: the names of vLLM's and profkit's own DP-sync hooks (``sync_dp_padding``, ...) and
+  the ``dp_sync`` category: extra evidence, never required.
+
+One instance per host-blocking collective and rank (overlapping members of one process are one
+instance), with (``collectives.INSTANCE_COLUMNS``):
+
+- ``span_start_ns`` / ``span_name``: the sync span (the span recognized, or the innermost span
+  enclosing the collective op) on the calling thread;
+- ``arrive_ns``: the rank's own part done, it entered the blocking part: the collective op's
+  start, else the longest blocking OS call's start, else the span's start. ``start_ns`` is the
+  same moment (the arrival the straggler analysis reads);
+- ``exit_ns``: the calling thread was released: the first host event on that thread after the
+  op returned (Gloo's ``c10d::allreduce_`` returns at once and the wait is in ``work.wait()``,
+  which the profiler does not record), capped at the sync span's end; the span's end otherwise;
+- ``end_ns``: the best estimate of the common exit (the Gloo worker span's end, else ``exit_ns``),
+  which clock alignment fits to.
+
+``[arrive_ns, exit_ns)`` is time in the collective: ``wait:<name>`` until the instance is matched
+across ranks, then ``waiting for rank k`` (k the last arriver) or, on the last arriver itself,
+``transfer:<name>``: everywhere (charged GPU-idle time, the straggler phases, lateness, episodes).
+
+``sync_point_table`` is the one table per capture that the rest reads (``OUT/sync_points.csv``):
+per (instance, rank) the span start, arrival, release, common exit, the instance's last arriver
+and the evidence. Per-rank facts for the cross-rank evidence (``span_facts``) are small: name
+summaries and a block of span ends per name, reduced by ``decide_sync_names``.
+Pure functions over event tables (int64 ns); no file access.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.ingest.collectives import normalize_coll_name
+
+# ---- evidence ----------------------------------------------------------------------------------
+COLLECTIVE_OP = "collective_op"
+GLOO_SPAN = "gloo_span"
+BLOCKING_CALL = "blocking_call"
+ALIGNED_ENDS = "aligned_ends"
+NAME = "name"
+COLLECTIVE_KERNEL = "collective_kernel"
+COLLECTIVE_LAUNCH = "collective_launch"
+
+# torch.distributed's dispatcher ops of collectives (point-to-point send/recv are not sync points)
+COLL_OP_RE = re.compile(
+    r"^c10d::(?:allreduce_|allreduce_coalesced_|allgather_|_allgather_base_|allgather_coalesced_"
+    r"|allgather_into_tensor_coalesced_|reduce_scatter_|_reduce_scatter_base_|reduce_scatter_tensor_coalesced_"
+    r"|alltoall_|alltoall_base_|broadcast_|reduce_|gather_|scatter_|barrier|monitored_barrier_)$"
+)
+GLOO_RE = re.compile(r"^gloo:(\w+)$")
+# OS calls a thread blocks in while another party has to act (osrt names, nsys). Sleeps are not
+# here: a sleeping rank is doing its own (idle) work, not waiting for the others.
+BLOCKING_CALL_RE = re.compile(
+    r"^(?:pthread_cond_(?:timed|clock)?wait|futex|syscall_futex|__futex\w*|poll|ppoll|epoll_p?wait|select|pselect6?"
+    r"|recv|recvfrom|recvmsg|read|sem_(?:timed|clock)?wait|pthread_barrier_wait|pthread_join)(?:@\S*)?$"
+)
+# Names as extra evidence: vLLM's DP-sync hook targets (profkit's hook names), the bundled
+# engine's and the simulator's DP all-reduce, and plain barriers. Never required.
+NAME_SYNC_RE = re.compile(
+    r"(?:^|[.:])(?:sync_dp_padding|coordinate_batch_across_dp|_run_ar|dispatch_cg_and_sync_dp"
+    r"|sync_cudagraph_and_dp_padding|cpu_all_reduce_|dp_allreduce|_has_global_unfinished_reqs"
+    r"|has_unfinished_dp|sync_dp_state)$|(?:^|[^a-z])barrier$",
+    re.I,
+)
+DP_SYNC_CATEGORY = "dp_sync"
+UNKNOWN_COLL = "sync"  # coll_name of a sync span whose collective the trace does not show
+
+# Cross-rank evidence thresholds (``decide_sync_names``)
+BLOCKED_SHARE = 0.5  # blocking OS calls cover at least half of a span's time on some rank
+MIN_INSTANCES = 3  # per rank, for a name to be judged at all
+SAMPLE_PER_NAME = 64  # span ends per name and rank sent to the driver (a central block)
+END_TOL_NS = 1_000_000  # ends "line up": within 1 ms (Gloo DP-sync ends spread up to ~0.6 ms measured)
+MATCHED_SHARE = 0.8  # ... for at least this share of the instances paired with the lowest rank ...
+SPREAD_RATIO = 4.0  # ... while starts spread at least 4x the typical end spread ...
+MIN_START_SPREAD_NS = 500_000  # ... and at least 0.5 ms ...
+MIN_SPREAD_SHARE = 0.1  # ... in at least a tenth of the instances (and 3), where the ends spread
+# at most a quarter of what the starts do (median over those instances)
+MAX_SAMPLE_RANKS = 16  # ranks compared per name (the lowest one against up to 15 others)
+
+SYNC_COLUMNS = [
+    "instance", "rank", "key", "coll_name", "source_kind", "evidence", "span_name", "span_start_ns", "arrive_ns",
+    "exit_ns", "end_ns", "blocked_ns", "last_rank", "last_arrive_ns", "is_last", "complete", "pid", "tid",
+]
+FACT_COLUMNS = ["rank", "name", "n", "total_ns", "blocked_ns", "with_collective"]
+SAMPLE_COLUMNS = ["rank", "name", "start_ns", "end_ns"]
+
+_HOST_EVENT_KINDS = (schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME, schema.GC)  # "the thread did something"
+_LIBRARY_RE = re.compile(r"^(?:gloo:|nccl|rccl|c10d::|record_param_comms|ProfilerStep#|cuda|cu[A-Z]|aten::)", re.I)
+
+
+def is_name_evidence(names: pd.Series, categories: pd.Series) -> np.ndarray:
+    n = names.astype("string").fillna("")
+    return n.str.contains(NAME_SYNC_RE).to_numpy(dtype=bool) | (
+        categories.astype("string").fillna("") == DP_SYNC_CATEGORY).to_numpy(dtype=bool)
+
+
+def op_coll_name(name: str) -> str:
+    """``c10d::allreduce_`` -> ``all_reduce`` (ingest's vocabulary)."""
+    base = str(name).split("::", 1)[-1].strip("_")
+    return normalize_coll_name(base) or base or UNKNOWN_COLL
+
+
+# ---- per rank: host-blocking collectives -----------------------------------------------------
+def host_sync_rows(events: pd.DataFrame, host: pd.DataFrame, op_labels, sync_names: dict[str, str] | None = None
+                   ) -> pd.DataFrame:
+    """Candidate rows (``collectives`` format plus the sync columns) of every host-blocking
+    collective in ``events`` (any number of ranks).
+
+    ``host``: the cpu_op / cpu_span rows (``collectives._HOST_COLUMNS``, index = event labels);
+    ``op_labels``: labels of the collective ops that run no GPU kernel (decided by the caller);
+    ``sync_names``: span names recognized across ranks (``decide_sync_names``: name -> evidence).
+    """
+    sync_names = sync_names or {}
+    names = host["name"].astype("string").fillna("")
+    is_op = host.index.isin(pd.Index(op_labels))
+    gloo = names.str.match(GLOO_RE).to_numpy(dtype=bool)
+    span_kind = (host["kind"] == schema.CPU_SPAN).to_numpy(dtype=bool) if "kind" in host else np.ones(len(host), bool)
+    by_name = is_name_evidence(names, host["category"])
+    cross = names.isin(list(sync_names)).to_numpy(dtype=bool) if sync_names else np.zeros(len(host), bool)
+    named = span_kind & ~gloo & ~is_op & (by_name | cross)
+    if not (is_op.any() or gloo.any() or named.any()):
+        return pd.DataFrame()
+    ctx = _ThreadContext(events)
+    frames = []
+    if is_op.any():
+        frames.append(_op_members(host[is_op], ctx))
+    if gloo.any():
+        frames.append(_plain_members(host[gloo], GLOO_SPAN, calling=False))
+    if named.any():
+        ev = np.where(cross[named], [sync_names.get(n, NAME) for n in names[named]], NAME)
+        ev = np.where(by_name[named] & cross[named], [f"{NAME}+{e}" if e != NAME else e for e in ev], ev)
+        frames.append(_span_members(host[named], ev, ctx))
+    members = pd.concat([f for f in frames if len(f)], ignore_index=True)
+    return _clusters(members)
+
+
+class _ThreadContext:
+    """Per thread: host events (what the thread did next), cpu spans (enclosing span), blocking
+    OS calls (where it waited). Built lazily, once per thread asked about."""
+
+    def __init__(self, events: pd.DataFrame):
+        kind = events["kind"]
+        keep = kind.isin(_HOST_EVENT_KINDS + (schema.OSRT,)).to_numpy(dtype=bool) & events["tid"].notna().to_numpy(bool)
+        ev = events.loc[keep, ["rank", "kind", "name", "start_ns", "end_ns", "pid", "tid"]]
+        self.key = _thread_key(ev)
+        kinds = ev["kind"].astype(str).to_numpy(dtype=object)
+        codes, uniques = pd.factorize(ev["name"].astype("string").fillna(""))
+        uniques = pd.Series(np.asarray(uniques, dtype=object), dtype=object)
+        self.names = uniques.to_numpy(dtype=object)
+        self.name = np.asarray(codes, np.int64)
+        # per unique name, once: a Gloo worker span, a blocking OS call name
+        gloo = uniques.str.match(GLOO_RE).to_numpy(bool)
+        block = uniques.str.match(BLOCKING_CALL_RE).to_numpy(bool)
+        self.act = np.isin(kinds, list(_HOST_EVENT_KINDS))
+        self.span = (kinds == schema.CPU_SPAN) & ~gloo[self.name] if len(kinds) else np.zeros(0, bool)
+        self.block = (kinds == schema.OSRT) & block[self.name] if len(kinds) else np.zeros(0, bool)
+        self.start = ev["start_ns"].to_numpy(np.int64)
+        self.end = ev["end_ns"].to_numpy(np.int64)
+        order = np.lexsort((self.start, self.key))
+        self.key, self.name, self.start, self.end, self.act, self.span, self.block = (
+            a[order] for a in (self.key, self.name, self.start, self.end, self.act, self.span, self.block))
+        first = np.flatnonzero(np.r_[True, self.key[1:] != self.key[:-1]]) if self.key.size else np.empty(0, np.int64)
+        last = np.r_[first[1:], self.key.size]
+        self.bounds = {int(self.key[a]): (int(a), int(b)) for a, b in zip(first, last)}
+        self._cache: dict[int, dict] = {}
+
+    def thread(self, key: int) -> dict:
+        got = self._cache.get(key)
+        if got is not None:
+            return got
+        from profkit.analyze.overhead_layers import make_layer
+
+        a, b = self.bounds.get(key, (0, 0))
+        name, start, end = self.name[a:b], self.start[a:b], self.end[a:b]
+        act, span, block = self.act[a:b], self.span[a:b], self.block[a:b]
+        got = {
+            "act_starts": np.sort(start[act]),
+            "spans": make_layer(start[span], end[span], name[span]),
+            "block_s": start[block], "block_e": end[block],
+        }
+        self._cache[key] = got
+        return got
+
+    def enclosing(self, key: int, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Innermost cpu span on the thread containing each [s, e]: (start, end, name); -1 / None if none."""
+        from profkit.analyze.overhead_layers import innermost
+
+        th = self.thread(key)
+        layer = th["spans"]
+        j = innermost(layer, s)
+        for _ in range(64):  # climb to a span that also holds e
+            bad = (j >= 0) & (layer.ends[np.maximum(j, 0)] < e)
+            if not bad.any():
+                break
+            j = np.where(bad, layer.parent[np.maximum(j, 0)], j)
+        ok = j >= 0
+        js = np.maximum(j, 0)
+        starts = np.where(ok, layer.starts[js] if layer.size else 0, -1)
+        ends = np.where(ok, layer.ends[js] if layer.size else 0, -1)
+        nm = np.where(ok, self.names[layer.codes[js]], None).astype(object) if layer.size \
+            else np.full(s.size, None, dtype=object)
+        return starts.astype(np.int64), ends.astype(np.int64), nm
+
+    def next_activity(self, key: int, t: np.ndarray) -> np.ndarray:
+        """Start of the first host event on the thread starting at or after each t (max int64 if none)."""
+        starts = self.thread(key)["act_starts"]
+        i = np.searchsorted(starts, t, side="left")
+        return np.where(i < starts.size, starts[np.minimum(i, max(starts.size - 1, 0))] if starts.size else 0,
+                        np.iinfo(np.int64).max).astype(np.int64)
+
+    def longest_block(self, key: int, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per window [s, e): start of the longest blocking call inside (-1 if none) and the
+        blocked time inside (calls clipped to the window)."""
+        th = self.thread(key)
+        bs, be = th["block_s"], th["block_e"]
+        first = np.full(s.size, -1, np.int64)
+        blocked = np.zeros(s.size, np.int64)
+        if not bs.size:
+            return first, blocked
+        order = np.argsort(bs, kind="stable")
+        bs, be = bs[order], be[order]
+        lo = np.searchsorted(bs, s, side="left")
+        hi = np.searchsorted(bs, e, side="left")
+        for i in np.flatnonzero(hi > lo):
+            cs, ce = bs[lo[i]:hi[i]], np.minimum(be[lo[i]:hi[i]], e[i])
+            d = ce - cs
+            first[i] = cs[int(np.argmax(d))]
+            blocked[i] = int(np.clip(d, 0, None).sum())
+        return first, blocked
+
+
+def _thread_key(df: pd.DataFrame) -> np.ndarray:
+    """One int64 per (rank, pid, tid), the same in every frame (a hash: no bits to run out of)."""
+    cols = pd.DataFrame({
+        "r": df["rank"].to_numpy(np.int64, na_value=-1) if "rank" in df else np.zeros(len(df), np.int64),
+        "p": df["pid"].to_numpy(np.int64, na_value=-1), "t": df["tid"].to_numpy(np.int64, na_value=-1)})
+    return pd.util.hash_pandas_object(cols, index=False).to_numpy(np.uint64).view(np.int64)
+
+
+def _base(rows: pd.DataFrame) -> dict:
+    return {
+        "rank": rows["rank"].to_numpy(np.int64),
+        "pid": rows["pid"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1),
+        "tid": rows["tid"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1),
+        "start": rows["start_ns"].to_numpy(np.int64),
+        "end": rows["end_ns"].to_numpy(np.int64),
+        "name": rows["name"].astype(str).to_numpy(dtype=object),
+        "group": rows["coll_group"].astype(object).where(rows["coll_group"].notna(), None).to_numpy(dtype=object),
+        "seq": rows["coll_seq"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1),
+        "coll": rows["coll_name"].astype(object).where(rows["coll_name"].notna(), None).to_numpy(dtype=object),
+    }
+
+
+def _op_members(ops: pd.DataFrame, ctx: _ThreadContext) -> pd.DataFrame:
+    """Host-blocking collective ops (the outermost on their thread): arrive at the op's start,
+    released at the thread's next activity after the op returned (capped by the enclosing span)."""
+    ops = ops.sort_values(["rank", "pid", "tid", "start_ns", "end_ns"], ascending=[True] * 4 + [False], kind="stable")
+    key = _thread_key(ops)
+    end = ops["end_ns"].to_numpy(np.int64)
+    same = np.r_[False, key[1:] == key[:-1]]
+    block = np.cumsum(~same)
+    run_end = pd.Series(end).groupby(block).cummax().to_numpy()
+    nested = same & (end <= np.r_[0, run_end[:-1]])
+    ops, key = ops[~nested], key[~nested]
+    b = _base(ops)
+    n = len(ops)
+    exit_ = b["end"].copy()
+    span_s = np.full(n, -1, np.int64)
+    span_n = np.full(n, None, dtype=object)
+    for k in np.unique(key):
+        m = key == k
+        es, ee, en = ctx.enclosing(int(k), b["start"][m], b["end"][m])
+        nxt = ctx.next_activity(int(k), b["end"][m])
+        cap = np.where(es >= 0, ee, np.iinfo(np.int64).max)
+        rel = np.minimum(nxt, cap)
+        exit_[m] = np.where(rel == np.iinfo(np.int64).max, b["end"][m], np.maximum(rel, b["end"][m]))
+        span_s[m], span_n[m] = es, en
+    coll = np.array([c if c is not None else op_coll_name(nm) for c, nm in zip(b["coll"], b["name"])], dtype=object)
+    return _member_frame(b, COLLECTIVE_OP, region_start=b["start"], region_end=exit_, arrive=b["start"],
+                         exit_=exit_, common_end=np.full(n, -1, np.int64), span_start=span_s, span_name=span_n,
+                         coll=coll, calling=True, prio=1)
+
+
+def _plain_members(rows: pd.DataFrame, evidence: str, calling: bool) -> pd.DataFrame:
+    """Gloo worker spans: their start is when the worker took the work (close to the arrival),
+    their end the common exit (the most exact end)."""
+    b = _base(rows)
+    coll = np.array([normalize_coll_name(GLOO_RE.match(nm).group(1)) or GLOO_RE.match(nm).group(1) for nm in b["name"]],
+                    dtype=object)
+    n = len(rows)
+    return _member_frame(b, evidence, region_start=b["start"], region_end=b["end"], arrive=np.full(n, -1, np.int64),
+                         exit_=np.full(n, -1, np.int64), common_end=b["end"], span_start=np.full(n, -1, np.int64),
+                         span_name=np.full(n, None, dtype=object), coll=coll, calling=calling, prio=0)
+
+
+def _span_members(spans: pd.DataFrame, evidence: np.ndarray, ctx: _ThreadContext) -> pd.DataFrame:
+    """Sync spans recognized by name or cross-rank evidence: the innermost on each thread.
+    Arrival: the longest blocking OS call inside, else the span's start; released at its end."""
+    spans = spans.assign(_ev=evidence).sort_values(["rank", "pid", "tid", "start_ns", "end_ns"],
+                                                   ascending=[True] * 4 + [False], kind="stable")
+    key = _thread_key(spans)
+    s, e = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    # drop a span that holds another recognized span of its thread: the innermost is the sync point
+    nxt_same = np.r_[key[1:] == key[:-1], False]
+    holds = nxt_same & (np.r_[s[1:], 0] >= s) & (np.r_[e[1:], 0] <= e)
+    spans, key = spans[~holds], key[~holds]
+    b = _base(spans)
+    n = len(spans)
+    arrive = b["start"].copy()
+    for k in np.unique(key):
+        m = key == k
+        first, _ = ctx.longest_block(int(k), b["start"][m], b["end"][m])
+        arrive[m] = np.where(first >= 0, first, b["start"][m])
+    coll = np.array([c if c is not None else ("all_reduce" if NAME_SYNC_RE.search(nm) and "barrier" not in nm.lower()
+                                              else ("barrier" if "barrier" in nm.lower() else UNKNOWN_COLL))
+                     for c, nm in zip(b["coll"], b["name"])], dtype=object)
+    return _member_frame(b, spans["_ev"].to_numpy(dtype=object), region_start=b["start"], region_end=b["end"],
+                         arrive=arrive, exit_=b["end"], common_end=np.full(n, -1, np.int64), span_start=b["start"],
+                         span_name=b["name"], coll=coll, calling=True, prio=2)
+
+
+def _member_frame(b: dict, evidence, *, region_start, region_end, arrive, exit_, common_end, span_start, span_name,
+                  coll, calling: bool, prio: int) -> pd.DataFrame:
+    n = b["rank"].size
+    return pd.DataFrame({
+        "rank": b["rank"], "pid": b["pid"], "tid": b["tid"], "name": b["name"], "group": b["group"], "seq": b["seq"],
+        "coll": coll, "evidence": evidence if isinstance(evidence, np.ndarray) else np.full(n, evidence, dtype=object),
+        "r_start": np.asarray(region_start, np.int64), "r_end": np.asarray(region_end, np.int64),
+        "arrive": np.asarray(arrive, np.int64), "exit": np.asarray(exit_, np.int64),
+        "common_end": np.asarray(common_end, np.int64), "span_start": np.asarray(span_start, np.int64),
+        "span_name": span_name, "calling": np.full(n, calling), "prio": np.full(n, prio, np.int64),
+        "op_start": b["start"] if prio == 1 else np.full(n, -1, np.int64),
+    })
+
+
+def _clusters(m: pd.DataFrame) -> pd.DataFrame:
+    """Overlapping members of one process are one instance (candidate rows, see module docstring)."""
+    m = m.sort_values(["rank", "pid", "r_start", "r_end"], ascending=[True, True, True, False], kind="stable")
+    m = m.reset_index(drop=True)
+    proc = m["rank"].to_numpy(np.int64) * (1 << 32) + (m["pid"].to_numpy(np.int64) & 0xFFFFFFFF)
+    s, e = m["r_start"].to_numpy(np.int64), m["r_end"].to_numpy(np.int64)
+    new = np.r_[True, proc[1:] != proc[:-1]]
+    run_end = pd.Series(e).groupby(np.cumsum(new)).cummax().to_numpy()
+    new |= np.r_[False, s[1:] > run_end[:-1]]
+    m["block"] = np.cumsum(new) - 1
+    g = m.groupby("block", sort=True)
+    calling = m[m["calling"]]
+    blocks = g.size().index
+
+    def agg(frame: pd.DataFrame, col: str, how: str) -> pd.Series:
+        """Min / max of ``col`` (>= 0 only) per block, as nullable Int64: epoch nanoseconds
+        must never pass through float64 (256 ns steps at today's epoch)."""
+        ok = frame[frame[col].to_numpy(np.int64) >= 0]
+        return getattr(ok.groupby("block")[col], how)().astype("Int64").reindex(blocks)
+
+    first_start = g["r_start"].min().astype("Int64")
+    arrive = agg(m, "op_start", "min").fillna(agg(calling, "arrive", "min")).fillna(first_start).astype("int64")
+    gloo_end = agg(m, "common_end", "max")
+    exit_ = agg(calling, "exit", "max").fillna(gloo_end).fillna(g["r_end"].max().astype("Int64")).astype("int64")
+    end = gloo_end.fillna(exit_.astype("Int64")).astype("int64")
+    # the sync span: a recognized span member, else the op's enclosing span, else the op itself
+    spans = m[(m["span_start"] >= 0) & m["span_name"].notna()].sort_values(["block", "prio", "span_start"],
+                                                                             ascending=[True, False, True],
+                                                                             kind="stable")
+    sp = spans.groupby("block").head(1).set_index("block")
+    sp_start = sp["span_start"].astype("Int64").reindex(blocks)  # before reindex turns it to float
+    sp = sp.reindex(blocks)
+    best = m.sort_values(["block", "prio", "r_end"], ascending=[True, True, False], kind="stable")
+    best = best.groupby("block").head(1).set_index("block").reindex(blocks)
+    by_call = m.sort_values(["block", "calling", "prio"], ascending=[True, False, True], kind="stable")
+    caller = by_call.groupby("block").head(1).set_index("block").reindex(blocks)
+    # evidence of a block: the union of its members' (each a "+"-joined set), as bits
+    tokens = sorted({x for e in pd.unique(m["evidence"].astype(str)) for x in e.split("+")})
+    bit = {t: 1 << i for i, t in enumerate(tokens)}
+    mask_of = {e: sum(bit[x] for x in set(e.split("+"))) for e in pd.unique(m["evidence"].astype(str))}
+    masks = np.bitwise_or.reduceat(m["evidence"].astype(str).map(mask_of).to_numpy(np.int64),
+                                   np.flatnonzero(np.r_[True, np.diff(m["block"].to_numpy()) != 0]))
+    evidence = pd.Series(["+".join(t for t in tokens if mk & bit[t]) for mk in masks], index=blocks)
+    group = m.dropna(subset=["group"]).groupby("block")["group"].first().reindex(blocks)
+    seq = m[m["seq"] >= 0].groupby("block")["seq"].first().reindex(blocks)
+    # the collective's name: Gloo's, the op's, a recognized span's guess
+    coll = m.sort_values(["block", "prio"], kind="stable").groupby("block")["coll"].first().reindex(blocks)
+    shown = m[m["prio"] <= 1].sort_values(["block", "prio"], kind="stable")
+    known = shown.groupby("block")["coll"].first().reindex(blocks)
+    span_start = sp_start.fillna(first_start).astype("int64")
+    span_name = sp["span_name"].where(sp["span_name"].notna(), best["name"])
+    n = len(blocks)
+    out = pd.DataFrame({
+        "rank": best["rank"].to_numpy(np.int64),
+        "source_kind": "cpu_span",
+        "group": group.astype(object).where(group.notna(), None).to_numpy(dtype=object),
+        "seq": seq.astype("Int64").to_numpy(),
+        "coll_name": coll.to_numpy(dtype=object),
+        "start_ns": arrive.to_numpy(np.int64),
+        "end_ns": end.to_numpy(np.int64),
+        "name": best["name"].to_numpy(dtype=object),
+        "device": pd.array([pd.NA] * n, dtype="Int64"),
+        "stream": pd.array([pd.NA] * n, dtype="Int64"),
+        "pid": pd.array(caller["pid"].to_numpy(np.int64), dtype="Int64"),
+        "tid": pd.array(caller["tid"].to_numpy(np.int64), dtype="Int64"),
+        "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
+        "host_start_ns": pd.array(span_start.to_numpy(np.int64), dtype="Int64"),
+        "host_end_ns": pd.array(exit_.to_numpy(np.int64), dtype="Int64"),
+        "arrive_ns": arrive.to_numpy(np.int64),
+        "exit_ns": np.maximum(exit_.to_numpy(np.int64), arrive.to_numpy(np.int64)),
+        "span_start_ns": span_start.to_numpy(np.int64),
+        "span_name": span_name.to_numpy(dtype=object),
+        "evidence": evidence.to_numpy(dtype=object),
+        # waits are labelled by the collective where the trace shows it (a Gloo span, an op),
+        # else by the sync span: never by a guess made from a name, so renaming spans changes
+        # the label only by that name
+        "wait_name": np.where(known.notna(), known, span_name.where(span_name.notna(), coll)).astype(object),
+    })
+    out.loc[out["pid"] < 0, "pid"] = pd.NA
+    out.loc[out["tid"] < 0, "tid"] = pd.NA
+    return out
+
+
+# ---- per rank: the sync intervals (what attribution charges as waiting) ----------------------
+WAIT_INTERVAL_COLUMNS = ["rank", "start_ns", "end_ns", "cause"]
+
+
+def wait_intervals(candidates: pd.DataFrame | None) -> pd.DataFrame:
+    """``[arrive_ns, exit_ns)`` of every host-blocking collective in ``candidates`` (one rank's or
+    several), with its unmatched wait label ``wait:<name>``."""
+    if candidates is None or not len(candidates) or "exit_ns" not in candidates:
+        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"),
+                             "end_ns": pd.Series(dtype="int64"), "cause": pd.Series(dtype=object)})
+    c = candidates[(candidates["source_kind"] == "cpu_span").to_numpy(bool)]
+    from profkit.analyze.overhead_names import WAIT_PREFIX, cause_name
+
+    return pd.DataFrame({
+        "rank": c["rank"].to_numpy(np.int64),
+        "start_ns": c["arrive_ns"].to_numpy(np.int64),
+        "end_ns": c["exit_ns"].to_numpy(np.int64),
+        "cause": np.array([WAIT_PREFIX + cause_name(w) for w in c["wait_name"]], dtype=object),
+    })
+
+
+# ---- cross rank: names recognized by blocking calls or aligned ends --------------------------
+def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per rank and span name: instances, time, time in blocking OS calls on its thread, and how
+    many instances hold a collective of their own (``FACT_COLUMNS``); and a central block of up to
+    ``SAMPLE_PER_NAME`` instances (``SAMPLE_COLUMNS``) for the aligned-ends test. Small: one row per
+    name, 64 per name. Library spans (Gloo, NCCL, ProfilerStep, ...) and ``exclude`` are skipped."""
+    spans = events[(events["kind"] == schema.CPU_SPAN).to_numpy(bool) & events["tid"].notna().to_numpy(bool)]
+    if not len(spans):
+        return _empty(FACT_COLUMNS), _empty(SAMPLE_COLUMNS)
+    lib = _name_flags(spans["name"], lambda u: u.str.match(_LIBRARY_RE) | (
+        u.str.contains(exclude) if exclude is not None else False))
+    spans = spans[~lib]
+    if not len(spans):
+        return _empty(FACT_COLUMNS), _empty(SAMPLE_COLUMNS)
+    counts = spans.groupby(["rank", "name"], observed=True).size()
+    spans = spans[spans.set_index(["rank", "name"]).index.map(counts).to_numpy(np.int64) >= MIN_INSTANCES]
+    if not len(spans):
+        return _empty(FACT_COLUMNS), _empty(SAMPLE_COLUMNS)
+    ctx = _ThreadContext(events)
+    coll_by_rank, sync_by_thread = _collective_marks(events)
+    key = _thread_key(spans)
+    rank = spans["rank"].to_numpy(np.int64)
+    s, e = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    blocked = np.zeros(len(spans), np.int64)
+    holds = np.zeros(len(spans), bool)
+
+    def inside(starts: np.ndarray | None, m: np.ndarray) -> np.ndarray:
+        if starts is None or not starts.size:
+            return np.zeros(int(m.sum()), bool)
+        return np.searchsorted(starts, e[m], side="left") > np.searchsorted(starts, s[m], side="left")
+
+    for k in np.unique(key):
+        m = key == k
+        _, blocked[m] = ctx.longest_block(int(k), s[m], e[m])
+        holds[m] |= inside(sync_by_thread.get(int(k)), m)
+    for r in np.unique(rank):
+        m = rank == r
+        holds[m] |= inside(coll_by_rank.get(int(r)), m)
+    df = pd.DataFrame({"rank": spans["rank"].to_numpy(np.int64), "name": spans["name"].astype(str).to_numpy(dtype=object),
+                       "start_ns": s, "end_ns": e, "dur": e - s, "blocked": blocked, "holds": holds})
+    g = df.groupby(["rank", "name"], sort=True)
+    facts = pd.DataFrame({"n": g.size(), "total_ns": g["dur"].sum(), "blocked_ns": g["blocked"].sum(),
+                          "with_collective": g["holds"].sum()}).reset_index()
+    df = df.sort_values(["rank", "name", "start_ns"], kind="stable")
+    pos = df.groupby(["rank", "name"], sort=False).cumcount().to_numpy()
+    n = df.groupby(["rank", "name"], sort=False)["start_ns"].transform("size").to_numpy()
+    lo = np.maximum((n - SAMPLE_PER_NAME) // 2, 0)
+    sample = df[(pos >= lo) & (pos < lo + SAMPLE_PER_NAME)][SAMPLE_COLUMNS].reset_index(drop=True)
+    return facts[FACT_COLUMNS].astype({"n": "int64", "total_ns": "int64", "blocked_ns": "int64",
+                                       "with_collective": "int64"}), sample
+
+
+def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Sorted starts of host events that synchronize on their own, per rank (any thread or
+    process: collectives, i.e. c10d ops, record_param_comms, Gloo / NCCL spans, NCCL's NVTX
+    domain) and per thread (host syncs on the GPU: ``cudaStreamSynchronize``, blocking copies,
+    event polling; per thread, as NCCL's watchdog polls events all the time). A span holding one
+    is judged by it (the collective's own evidence, or the GPU timeline: a host blocked on its
+    GPU while the GPU waits in a collective is charged from the GPU side), never by its ends;
+    per rank, since vLLM's engine core waits for its worker process, which holds the collective."""
+    from profkit.analyze.overhead_host import POLL_RE, SYNC_RE
+
+    host = events[events["kind"].isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool)]
+    if not len(host):
+        return {}, {}
+    is_rt = (host["kind"] == schema.RUNTIME).to_numpy(bool)
+    coll = _name_flags(host["name"], lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
+                       | u.str.match(r"^(?:nccl|rccl)", case=False))
+    coll |= ((host["category"].astype("string").fillna("") == "NCCL") | host["coll_name"].notna()).to_numpy(bool)
+    coll &= ~is_rt
+    sync = is_rt & _name_flags(host["name"], lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
+    starts = host["start_ns"].to_numpy(np.int64)
+    ranks = host["rank"].to_numpy(np.int64)
+    by_rank = {int(r): np.sort(starts[coll & (ranks == r)]) for r in np.unique(ranks[coll])}
+    key = _thread_key(host)
+    by_thread = {int(k): np.sort(starts[sync & (key == k)]) for k in np.unique(key[sync])}
+    return by_rank, by_thread
+
+
+def _name_flags(names: pd.Series, test) -> np.ndarray:
+    """``test`` (a function of a Series of strings -> bools) applied once per distinct name."""
+    codes, uniques = pd.factorize(names.astype("string").fillna(""))
+    if not len(uniques):
+        return np.zeros(len(names), bool)
+    flags = np.asarray(test(pd.Series(np.asarray(uniques, dtype=object), dtype=object)), dtype=bool)
+    return flags[np.asarray(codes, np.int64)]
+
+
+def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict[str, str]:
+    """Span names that are sync points by cross-rank evidence: ``name -> evidence``.
+
+    ``facts`` / ``samples``: ``span_facts`` of every rank (concatenated); ``samples`` on ONE
+    clock (aligned). Names holding a collective of their own are left to that collective.
+    """
+    if facts is None or not len(facts):
+        return {}
+    per = facts.groupby("name").agg(ranks=("rank", "nunique"), holds=("with_collective", "sum"))
+    eligible = per[(per["ranks"] >= 2) & (per["holds"] == 0)].index
+    f = facts[facts["name"].isin(eligible)]
+    out: dict[str, str] = {}
+    share = f["blocked_ns"] / f["total_ns"].where(f["total_ns"] > 0)
+    for name in sorted(set(f.loc[share >= BLOCKED_SHARE, "name"])):
+        out[str(name)] = BLOCKING_CALL
+    if samples is not None and len(samples):
+        s = samples[samples["name"].isin(eligible) & ~samples["name"].isin(list(out))]
+        for name, g in s.groupby("name", sort=True):
+            if _aligned_ends(g):
+                out[str(name)] = ALIGNED_ENDS
+    return out
+
+
+def _aligned_ends(g: pd.DataFrame) -> bool:
+    """Ends of one name's instances line up across ranks while their starts spread."""
+    from profkit.analyze.collectives import match_sequences
+
+    ranks = sorted(g["rank"].unique())[:MAX_SAMPLE_RANKS]
+    if len(ranks) < 2:
+        return False
+    by = {r: x.sort_values("start_ns") for r, x in g.groupby("rank")}
+    ref = by[ranks[0]]
+    ref_e, ref_s = ref["end_ns"].to_numpy(np.int64), ref["start_ns"].to_numpy(np.int64)
+    if ref_e.size < MIN_INSTANCES:
+        return False
+    ends = [ref_e.astype(np.float64)]
+    starts = [ref_s.astype(np.float64)]
+    for r in ranks[1:]:
+        o = by[r]
+        oe, os_ = o["end_ns"].to_numpy(np.int64), o["start_ns"].to_numpy(np.int64)
+        pairs, _ = match_sequences({"k": ref_e}, {"k": oe}, {"k": END_TOL_NS})
+        ia, ib = pairs.get("k", (np.empty(0, np.int64), np.empty(0, np.int64)))
+        if ia.size < MATCHED_SHARE * min(ref_e.size, oe.size):
+            return False
+        col_e = np.full(ref_e.size, np.nan)
+        col_s = np.full(ref_e.size, np.nan)
+        col_e[ia], col_s[ia] = oe[ib], os_[ib]
+        ends.append(col_e)
+        starts.append(col_s)
+    E, S = np.vstack(ends), np.vstack(starts)
+    both = (~np.isnan(E)).sum(axis=0) >= 2
+    if both.sum() < MIN_INSTANCES:
+        return False
+    end_spread = np.nanmax(E[:, both], axis=0) - np.nanmin(E[:, both], axis=0)
+    start_spread = np.nanmax(S[:, both], axis=0) - np.nanmin(S[:, both], axis=0)
+    typical = float(np.median(end_spread))
+    if typical > END_TOL_NS:
+        return False
+    # where the starts spread, the ends must not: a span of steady length spreads at both ends
+    spread = start_spread >= max(SPREAD_RATIO * typical, MIN_START_SPREAD_NS)
+    if spread.sum() < max(MIN_INSTANCES, MIN_SPREAD_SHARE * spread.size):
+        return False
+    return bool(np.median(end_spread[spread] / start_spread[spread]) <= 1.0 / SPREAD_RATIO)
+
+
+# ---- the table ---------------------------------------------------------------------------------
+def sync_point_table(instances: pd.DataFrame | None, matched: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (instance, rank) of every sync point (``SYNC_COLUMNS``), on the aligned clock.
+
+    ``instances``: ``collectives.collective_instances`` rows (aligned; incomplete rows kept, with
+    ``complete`` False); the last arriver is the rank with the latest ``arrive_ns`` of the instance.
+    ``blocked_ns`` = ``exit_ns - arrive_ns``: time the rank spent in the collective (its wait, or
+    on the last arriver the transfer itself). This is the table a what-if replay starts from:
+    remove a cause from a rank's work before ``arrive_ns``, recompute each instance's release.
+    """
+    if instances is None or not len(instances):
+        return _empty(SYNC_COLUMNS)
+    df = instances
+    arrive = (df["arrive_ns"] if "arrive_ns" in df else df["start_ns"]).astype("Int64").fillna(
+        df["start_ns"].astype("Int64")).astype("int64")
+    exit_ = (df["exit_ns"] if "exit_ns" in df else df["end_ns"]).astype("Int64").fillna(
+        df["end_ns"].astype("Int64")).astype("int64")
+    span_start = (df["span_start_ns"] if "span_start_ns" in df else df["host_start_ns"]).astype("Int64")
+    out = pd.DataFrame({
+        "instance": df["instance"].astype("int64"), "rank": df["rank"].astype("int64"),
+        "key": df["key"].astype(str), "coll_name": df["coll_name"].astype(object),
+        "source_kind": df["source_kind"].astype(str),
+        "evidence": (df["evidence"] if "evidence" in df else pd.Series(None, index=df.index)).astype(object),
+        "span_name": (df["span_name"] if "span_name" in df else df["name"]).astype(object),
+        "span_start_ns": span_start.fillna(arrive).astype("int64"),
+        "arrive_ns": arrive, "exit_ns": np.maximum(exit_, arrive), "end_ns": df["end_ns"].astype("int64"),
+        "complete": df["complete"].astype(bool) if "complete" in df else True,
+        "pid": df["pid"].astype("Int64"), "tid": df["tid"].astype("Int64"),
+    })
+    kinds = out["source_kind"].to_numpy(dtype=object)
+    out.loc[out["evidence"].isna() & (kinds == "kernel"), "evidence"] = COLLECTIVE_KERNEL
+    out.loc[out["evidence"].isna() & (kinds == "launch_span"), "evidence"] = COLLECTIVE_LAUNCH
+    out["blocked_ns"] = out["exit_ns"] - out["arrive_ns"]
+    srt = out.sort_values(["instance", "arrive_ns", "rank"], ascending=[True, False, True], kind="stable")
+    last = srt.groupby("instance", sort=False).head(1).set_index("instance")
+    out["last_rank"] = out["instance"].map(last["rank"]).astype("int64")
+    out["last_arrive_ns"] = out["instance"].map(last["arrive_ns"]).astype("int64")
+    if matched is not None and len(matched) and "last_rank" in matched:
+        # the straggler analysis' last arriver (same rule: latest start; start = arrival)
+        lr = matched.drop_duplicates("instance").set_index("instance")["last_rank"]
+        got = out["instance"].map(lr)
+        out["last_rank"] = got.fillna(out["last_rank"]).astype("int64")
+    out["is_last"] = out["rank"] == out["last_rank"]
+    return out.sort_values(["instance", "rank"], kind="stable").reset_index(drop=True)[SYNC_COLUMNS]
+
+
+def _empty(columns: list[str]) -> pd.DataFrame:
+    text = {"key", "coll_name", "source_kind", "evidence", "span_name", "name"}
+    out = pd.DataFrame({c: pd.Series(dtype=object if c in text else "int64") for c in columns})
+    for c in ("is_last", "complete"):
+        if c in out:
+            out[c] = out[c].astype(bool)
+    return out
