@@ -40,6 +40,7 @@ class Analysis:
     # one row per task of the run: stage, rank, worker, wall_s, peak_rss_bytes, events
     run_stats: pd.DataFrame | None = None
     store: object | None = None  # the scale path's store when asked to keep the aligned events
+    impact: object | None = None  # ``analyze.impact.Impact``: impact.csv and its per-step samples; None: not computed
 
 
 def one_host(meta: dict[int, list[dict]]) -> bool:

@@ -35,6 +35,11 @@ def render_summary(analysis) -> str:
         )
     else:
         lines.append("no serving steps found (no step markers; try --step-pattern REGEX); whole-trace GPU timeline only")
+    impact = getattr(analysis, "impact", None)
+    if impact is not None:
+        from profkit.analyze.impact import verdict_line
+
+        lines.append(verdict_line(impact))
     per_rank = getattr(analysis, "stragglers", None)
     if per_rank is not None and len(per_rank):
         lines.append(straggler_line(per_rank, getattr(analysis, "straggler_ranks", None) or []))
