@@ -297,21 +297,26 @@ class _Builder:
     # -- anchors of the GPU points -------------------------------------------------------------
     def _anchors(self, ops: pd.DataFrame, gpu_pts: np.ndarray, prev_t: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per GPU point (arrival or GPU done) at ``t`` with the previous GPU point at ``prev_t``:
-        the GPU's busy time in between, and the launch that gated it: ``h_j = launch_j +
-        latency_j + busy(start_j, t)`` maximal over the ops starting in [prev_t, t] (latency:
-        the observed one where the GPU sat idle waiting for that op, else the rank's typical
-        minimum). Returns (busy, anchor time or NO_LAUNCH, anchor slack)."""
+        the GPU's busy time in between, and the launches that gate it. For each op starting in
+        [prev_t, t]: ``h_j = launch_j + latency_j + busy(start_j, t)`` (latency: the observed one
+        where the GPU sat idle waiting for that op, else the rank's typical minimum), the
+        earliest the point could be if the GPU ran from op j on without a gap. Two anchors are
+        kept: the op with the largest ``h_j`` (the launch that set the point; its slack is ~0
+        when the GPU waited for it) and the segment's first op (what bounds the point when the
+        host's work between launches is removed: every later launch moves with it). Returns
+        (busy, anchor times (n, 2) or NO_LAUNCH, their slacks (n, 2), their ops' starts (n, 2))."""
         t = np.asarray([self.time[i] for i in gpu_pts], np.int64)
         n = t.size
         s, e = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
         busy_iv = iv.union(s, e)
         busy = iv.covered_between(busy_iv, prev_t, t) if n else np.empty(0, np.int64)
-        anchor_t = np.full(n, NO_LAUNCH, np.int64)
-        anchor_slack = np.zeros(n, np.int64)
+        anchor_t = np.full((n, 2), NO_LAUNCH, np.int64)
+        anchor_slack = np.zeros((n, 2), np.int64)
+        anchor_s = np.zeros((n, 2), np.int64)
         launch = ops["launch_ns"].to_numpy(np.int64)
         ok = (launch != NO_LAUNCH) & (launch <= s)
         if not n or not ok.any():
-            return busy, anchor_t, anchor_slack
+            return busy, anchor_t, anchor_slack, anchor_s
         s, launch = s[ok], launch[ok]
         gated = np.isin(s, busy_iv[0])  # the GPU was idle until this op started: it waited for the launch
         lat = s - launch
@@ -326,15 +331,19 @@ class _Builder:
         pt = order[seg]
         inside &= s >= prev_t[pt]
         if not inside.any():
-            return busy, anchor_t, anchor_slack
+            return busy, anchor_t, anchor_slack, anchor_s
         s, launch, lat, pt = s[inside], launch[inside], lat[inside], pt[inside]
         h = launch + lat + iv.covered_between(busy_iv, s, t[pt])
-        best = np.lexsort((-h, pt))  # per point, the largest h first
-        first = np.r_[True, pt[best][1:] != pt[best][:-1]]
-        pick = best[first]
-        anchor_t[pt[pick]] = launch[pick]
-        anchor_slack[pt[pick]] = np.maximum(t[pt[pick]] - h[pick], 0)
-        return busy, anchor_t, anchor_slack
+        for col, key in ((0, -h), (1, s)):  # per point: the largest h; the earliest op
+            best = np.lexsort((key, pt))
+            first = np.r_[True, pt[best][1:] != pt[best][:-1]]
+            pick = best[first]
+            anchor_t[pt[pick], col] = launch[pick]
+            anchor_slack[pt[pick], col] = np.maximum(t[pt[pick]] - h[pick], 0)
+            anchor_s[pt[pick], col] = s[pick]
+        same = anchor_t[:, 1] == anchor_t[:, 0]
+        anchor_t[same, 1] = NO_LAUNCH
+        return busy, anchor_t, anchor_slack, anchor_s
 
     def finish(self, ops, h_s, h_e, h_ph, h_cat, gp, st) -> RankProgram:
         lane = np.asarray(self.lane, np.int64)
@@ -346,12 +355,13 @@ class _Builder:
         gpu_prev = np.r_[-1, gpu_idx[:-1]]
         need = np.isin(kind[gpu_idx], (ARRIVE, GPU_DONE))
         pts, prevs = gpu_idx[need], gpu_prev[need]
-        busy, a_t, a_slack = self._anchors(ops, pts, time[prevs])
-        anchor_of: dict[int, tuple[int, int]] = {}
-        for p, t_a, sl in zip(pts, a_t, a_slack):
-            if t_a != NO_LAUNCH:
-                a = self.add(HOST, ANCHOR, int(min(t_a, time[p])))
-                anchor_of[int(p)] = (a, int(sl))
+        busy, a_t, a_slack, a_s = self._anchors(ops, pts, time[prevs])
+        anchor_of: dict[int, list[tuple[int, int, int, int]]] = {}  # point -> (anchor, slack, op start, which)
+        for p, t_a, sl, st_a in zip(pts, a_t, a_slack, a_s):
+            for k in range(2):
+                if t_a[k] != NO_LAUNCH:
+                    a = self.add(HOST, ANCHOR, int(min(t_a[k], time[p])))
+                    anchor_of.setdefault(int(p), []).append((a, int(sl[k]), int(st_a[k]), k))
         lane = np.asarray(self.lane, np.int64)
         kind = np.asarray(self.kind, np.int64)
         time = np.asarray(self.time, np.int64)
@@ -361,42 +371,44 @@ class _Builder:
         gprev = dict(zip(gpu_idx[1:].tolist(), gpu_idx[:-1].tolist()))
         gbusy = dict(zip(pts.tolist(), busy.tolist()))
 
-        # incoming edges per point (old ids): (src, kind, slack, lane of work or -1)
-        ins: dict[int, list[tuple[int, int, int, int]]] = {}
+        # incoming edges per point (old ids): (src, kind, slack, lane of work or -1, anchor op start, which)
+        ins: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
         for p in range(1, len(kind)):
             k, ln = int(kind[p]), int(lane[p])
             if k == EXIT:
-                ins[p] = [(NO_SRC, SYNC, 0, -1)]
+                ins[p] = [(NO_SRC, SYNC, 0, -1, -1, -1)]
                 continue
             if ln == HOST:
                 src = host_prev[p]
                 wait = self.resume_of.get(p)
                 slack = min(wait[1], int(time[p] - time[src])) if wait else 0
-                ins[p] = [(src, LANE, max(slack, 0), HOST)]
+                ins[p] = [(src, LANE, max(slack, 0), HOST, -1, -1)]
                 if wait:
-                    ins[p].append((wait[0], CROSS, max(wait[2], 0), -1))
+                    ins[p].append((wait[0], CROSS, max(wait[2], 0), -1, -1, -1))
             else:
                 src = gprev[p]
                 idle = max(int(time[p] - time[src]) - int(gbusy.get(p, 0)), 0)
-                ins[p] = [(src, LANE, idle, GPU)]
-                if p in anchor_of:
-                    ins[p].append((anchor_of[p][0], CROSS, anchor_of[p][1], -1))
+                ins[p] = [(src, LANE, idle, GPU, -1, -1)]
+                for a, sl, op_start, k in anchor_of.get(p, ()):
+                    ins[p].append((a, CROSS, sl, -1, op_start, k))
         order = self._order(kind, lane, time, ins, host_idx, gpu_idx)
         new_id = np.empty(len(kind), np.int64)
         new_id[order] = np.arange(len(order))
         # normalize: the smallest slack into each point is 0 (the baseline reproduces observed times)
         residual = 0
-        e_dst, e_src, e_kind, e_slack, e_lane = [], [], [], [], []
+        e_dst, e_src, e_kind, e_slack, e_lane, e_from, e_which = [], [], [], [], [], [], []
         for p in order[1:]:
             edges = ins[int(p)]
-            m = min(sl for _, _, sl, _ in edges)
+            m = min(e[2] for e in edges)
             residual += m
-            for src, ek, sl, wl in edges:
+            for src, ek, sl, wl, op_start, k in edges:
                 e_dst.append(new_id[p])
                 e_src.append(new_id[src] if src != NO_SRC else NO_SRC)
                 e_kind.append(ek)
                 e_slack.append(sl - m)
                 e_lane.append(wl)
+                e_from.append(op_start)
+                e_which.append(k)
         n_e = len(e_dst)
         edges = pd.DataFrame({"rank": np.full(n_e, self.rank, np.int64), "edge": np.arange(n_e, dtype=np.int64),
                               "dst": np.asarray(e_dst, np.int64), "src": np.asarray(e_src, np.int64),
@@ -406,7 +418,8 @@ class _Builder:
                               "instance": np.asarray(self.instance, np.int64)[order],
                               "step": np.asarray(self.step, np.int64)[order]})
         e_lane = np.asarray(e_lane, np.int64)
-        work = self._work(nodes, edges, e_lane, h_s, h_e, h_ph, h_cat, gp, st)
+        anchor_ops = (np.asarray(e_from, np.int64), np.asarray(e_which, np.int64))
+        work = self._work(nodes, edges, e_lane, anchor_ops, h_s, h_e, h_ph, h_cat, gp, st)
         if self.sync_phase:  # the waits of named syncs: gone when the sync is removed
             e_kind_a = edges["kind"].to_numpy(np.int64)
             rows = []
@@ -433,7 +446,7 @@ class _Builder:
         i = j = 0
 
         def ready(p: int) -> bool:
-            return all(src == NO_SRC or placed[src] for src, _, _, _ in ins[p])
+            return all(e[0] == NO_SRC or placed[e[0]] for e in ins[p])
 
         i = 1
         forced = 0
@@ -461,9 +474,11 @@ class _Builder:
             self.notes.append(f"rank {self.rank}: {forced} cross-lane edge(s) dropped where clocks disagreed")
         return np.asarray(out, np.int64)
 
-    def _work(self, nodes, edges, e_lane, h_s, h_e, h_ph, h_cat, gp, st) -> pd.DataFrame:
+    def _work(self, nodes, edges, e_lane, anchor_ops, h_s, h_e, h_ph, h_cat, gp, st) -> pd.DataFrame:
         """Removable time per (edge, phase): host pieces on host-lane edges (waits left out),
-        ``gpu:<kernel>`` pieces on GPU-lane edges, each clipped to the edge's time range."""
+        ``gpu:<kernel>`` pieces on GPU-lane edges, each clipped to the edge's time range, and on
+        each anchor edge the ``gpu:<kernel>`` pieces from its op's start to its point (GPU work
+        removed there also shortens the path from that launch)."""
         t = nodes["time_ns"].to_numpy(np.int64)
         dst, src = edges["dst"].to_numpy(np.int64), edges["src"].to_numpy(np.int64)
         eid = edges["edge"].to_numpy(np.int64)
@@ -481,6 +496,14 @@ class _Builder:
             got = _window_sums(ps[keep], pe[keep], ph[keep], lo_t[m], hi_t[m], eid[m])
             if got is not None:
                 parts.append((wl,) + got)
+            if wl == GPU:
+                kinds = edges["kind"].to_numpy(np.int64)
+                for which in (0, 1):  # anchors of one kind have disjoint windows
+                    a = (kinds == CROSS) & (anchor_ops[1] == which)
+                    if a.any():
+                        got = _window_sums(ps, pe, ph, np.maximum(anchor_ops[0][a], lo_t[a]), hi_t[a], eid[a])
+                        if got is not None:
+                            parts.append((wl,) + got)
         if not parts:
             return _empty_work()
         lane = np.concatenate([np.full(p[1].size, p[0], np.int64) for p in parts])

@@ -21,6 +21,7 @@ import pandas as pd
 from profkit.analyze import impact_program as prog
 
 NEG = np.iinfo(np.int64).min // 4  # "no such edge": never the max, never overflows when shifted
+IN = 3  # incoming edges per point at most: its lane, and two anchors (a GPU point) or its GPU (a resume)
 
 
 @dataclass
@@ -30,9 +31,9 @@ class ReplayGraph:
     nodes: pd.DataFrame  # NODE_COLUMNS + gid, in rank order then evaluation order
     offsets: np.ndarray  # (ranks + 1,) first gid of each rank's points
     ranks: np.ndarray  # rank of each block
-    in_src: np.ndarray  # (n, 2) gid of each incoming edge's source; -1 none; SYNC edges have none
-    in_edge: np.ndarray  # (n, 2) global edge id (row of ``edges``), -1 none
-    in_slack: np.ndarray  # (n, 2)
+    in_src: np.ndarray  # (n, IN) gid of each incoming edge's source; -1 none; SYNC edges have none
+    in_edge: np.ndarray  # (n, IN) global edge id (row of ``edges``), -1 none
+    in_slack: np.ndarray  # (n, IN)
     is_exit: np.ndarray  # (n,)
     is_arrive: np.ndarray  # (n,)
     inst: np.ndarray  # (n,) compact instance index of arrivals and exits, -1 otherwise
@@ -74,13 +75,13 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
         base_e += len(p.edges)
     edges = pd.concat(e_parts, ignore_index=True)
     work = pd.concat(w_parts, ignore_index=True) if w_parts else prog._empty_work().assign(gedge=pd.Series(dtype="int64"))
-    in_src = np.full((n, 2), -1, np.int64)
-    in_edge = np.full((n, 2), -1, np.int64)
-    in_slack = np.zeros((n, 2), np.int64)
+    in_src = np.full((n, IN), -1, np.int64)
+    in_edge = np.full((n, IN), -1, np.int64)
+    in_slack = np.zeros((n, IN), np.int64)
     gdst = edges["gdst"].to_numpy(np.int64)
     slot = pd.Series(gdst).groupby(gdst).cumcount().to_numpy(np.int64)
-    if (slot > 1).any():
-        raise ValueError("impact replay: a point with more than two incoming edges")
+    if (slot >= IN).any():
+        raise ValueError(f"impact replay: a point with more than {IN} incoming edges")
     in_src[gdst, slot] = edges["gsrc"].to_numpy(np.int64)
     in_edge[gdst, slot] = edges["gid"].to_numpy(np.int64)
     in_slack[gdst, slot] = edges["slack_ns"].to_numpy(np.int64)
@@ -114,7 +115,7 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
 
 
 def _empty_graph() -> ReplayGraph:
-    z2 = np.zeros((0, 2), np.int64)
+    z2 = np.zeros((0, IN), np.int64)
     z = np.zeros(0, np.int64)
     nodes = pd.DataFrame({c: pd.Series(dtype="int64") for c in prog.NODE_COLUMNS + ["gid"]})
     edges = pd.DataFrame({c: pd.Series(dtype="int64") for c in prog.EDGE_COLUMNS + ["gid", "gdst", "gsrc"]})
@@ -161,7 +162,7 @@ def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) 
         lane_pts = go[~g.is_exit[go]]
         if lane_pts.size:
             src_ok = has_src[lane_pts]
-            val = delta[src_idx[lane_pts]] - g.in_slack[lane_pts][:, :, None]  # (k, 2, S)
+            val = delta[src_idx[lane_pts]] - g.in_slack[lane_pts][:, :, None]  # (k, IN, S)
             val -= np.where(has_edge[lane_pts][:, :, None], cut[edge_idx[lane_pts]], 0)
             val = np.where(src_ok[:, :, None], val, NEG)
             best = val.max(axis=1)
