@@ -10,35 +10,48 @@ through its sync points with the cause removed, every step's end recomputed.
 
 Scenarios (one row of ``impact.csv`` each, ``kind``):
 
-- ``cause``: one cause removed on every rank that has it (its host time; waits are never
-  removed, they follow: ``impact_program.is_wait``). The causes of ``causes.csv`` (waits
-  excepted) and the host phases with the most time even when no GPU-idle time was charged to
-  them (host work that delays a sync point while the GPU is busy).
-- ``rank_phase``: a straggler rank's excess in its top phases (``X on rank 7``): that phase on
-  that rank cut, step by step, to the median over the other ranks of their time in it.
-- ``bound``: ``all host overhead removed (GPU-only bound)`` (every removable host phase), ``every
-  rank as fast as the median rank (straggler-free bound)`` (each rank's work before each sync
-  point cut to the median over the participants), ``every cause at its median step (spike-free
-  bound)`` (each rank's time in each phase cut, step by step, to its own median per step: GC
-  pauses, sleeps, rare slow steps removed).
+- ``cause``: one cause removed on every rank that has it: its host time (the host timeline's
+  phase of that name, ``straggler_phases``; for ``host_sync (X)`` also the sync's wait on the
+  GPU: the sync is gone). Waits are never removed, they follow (``impact_program.is_wait``).
+  The causes of ``causes.csv`` (waits excepted, the largest ``MAX_CAUSES``) and the host phases
+  with the most time although no GPU-idle time was charged to them (host work that delays a sync
+  point while its own GPU is busy).
+- ``rank_phase``: a straggler rank's top phases (``X on rank 7``, from ``stragglers.csv``): that
+  phase on that rank cut, step by step, to the median over the other ranks of their time in it
+  (its excess, removed where it happened; ``gpu:<kernel>`` phases on the rank's GPU).
+- ``spikes``: a cause cut, step by step on each rank, to its median per step (``X spikes (above
+  its median step)``): GC pauses, sleeps, rare slow passes on top of a steady part.
+- ``bound``: ``all host overhead removed (GPU-only bound)`` (every host phase but waits and the
+  host's waits on its GPU), ``every rank as fast as the median rank (straggler-free bound)``
+  (each rank's work before each sync point cut to the median over the participants), ``every
+  cause at its median step (spike-free bound)`` (every phase as ``spikes``).
+- ``combined``: several removed together (``what_if`` only; not in the default table).
 
-Step time: per step, the mean over ranks of the rank's step time (``steps.csv`` ``step_ns``):
-ranks synchronize every step, so a late rank's delay lands in its peers' next step; the mean
-over ranks and steps is the time each step costs the deployment. Columns (int64 ns):
+Step time: a rank's step costs the deployment its **period**, from its start to the rank's
+next step start (the last step: its own span); the serving step time of a step is the mean of
+its periods over ranks. Ranks synchronize every step, so a late rank's delay lands in its
+peers' next step, and time moved between a step and the gap before the next one is not saved.
+Where steps follow each other back to back the period is ``steps.csv``'s ``step_ns``; the mean
+over steps of the per-step mean is the time each step costs. Columns (int64 ns unless said):
 
 - ``impact_ns_per_step``: drop of the mean step time (observed minus replayed), with
   ``impact_lo_ns`` / ``impact_hi_ns`` its 95% bootstrap interval over steps;
 - ``impact_p90_ns``: drop of the p90 over steps of the step time;
-- ``impact_share``: ``impact_ns_per_step`` over the step-time gap to the GPU-only bound (mean
-  step time minus the GPU-only bound's replayed mean): the share of the host overhead this cause
-  explains (1.0 = all of it); ``step_share``: over the mean step time itself;
+- ``impact_share`` (ratio): ``impact_ns_per_step`` over the step-time gap to the GPU-only bound
+  (mean step time minus the GPU-only bound's replayed mean): the share of the host overhead this
+  cause explains (1.0 = all of it); ``step_share``: over the mean step time itself;
 - ``charged_ns``: what ``causes.csv`` charges today (total over ranks and steps; for a
   ``rank_phase`` row that rank's charge, for the GPU-only bound every non-wait cause, for the
-  straggler-free bound every wait); ``removed_ns``: the host / GPU time the replay removed.
+  straggler-free bound every wait; empty for spikes); ``removed_ns``: the time the replay
+  removed (all ranks and steps); ``base_step_ns`` / ``replayed_step_ns``: the mean step time
+  before and after; ``ranks`` / ``ranks_list``: the ranks the cause was removed on.
+
+Rows: ``cause``, ``rank_phase`` and ``spikes`` ranked by impact, then the three bounds.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,7 +73,7 @@ MAX_EXTRA_PHASES = 10  # host phases not in causes.csv, by total host time
 RANK_PHASES = 2  # straggler phases per straggler rank (top and second cause)
 MAX_SPIKES = 5  # "X spikes" rows (the part of a cause above its median per step)
 MIN_SPIKE_SHARE = 0.2  # ... when the spikes are at least this share of the cause's time
-SCENARIO_BLOCK_BYTES = 1 << 27  # cut matrices per replay pass (scenarios are done in blocks)
+SCENARIO_BLOCK_BYTES = 1 << 28  # cut and shift matrices per replay pass (scenarios are done in blocks)
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95
 
@@ -128,12 +141,13 @@ def empty_impact(note: str | None = None) -> Impact:
 
 
 # ---- scenarios -----------------------------------------------------------------------------
-def scenarios_for(work: pd.DataFrame, causes: pd.DataFrame | None, stragglers: pd.DataFrame | None,
+def scenarios_for(work: rp.WorkArrays, causes: pd.DataFrame | None, stragglers: pd.DataFrame | None,
                   straggler_ranks: list[int] | None) -> list[Scenario]:
     """The scenarios worth replaying for this capture (see the module docstring)."""
     out = [Scenario(GPU_ONLY, BOUND), Scenario(MEDIAN_RANK, BOUND), Scenario(MEDIAN_STEP, BOUND)]
-    host = work[work["lane"].to_numpy(np.int64) == prog.HOST] if len(work) else work
-    have = set(host["phase"].unique()) if len(host) else set()
+    host = work.lane == prog.HOST
+    tot = np.bincount(work.code[host], weights=work.ns[host].astype(np.float64), minlength=work.names.size)
+    have = {str(work.names[c]) for c in np.flatnonzero(tot > 0)}
     names: list[str] = []
     if causes is not None and len(causes):
         for c in causes.sort_values("total_ns", ascending=False, kind="stable")["cause"].astype(str):
@@ -141,14 +155,13 @@ def scenarios_for(work: pd.DataFrame, causes: pd.DataFrame | None, stragglers: p
                 names.append(c)
             if len(names) >= MAX_CAUSES:
                 break
-    if len(host):
-        tot = host.groupby("phase")["ns"].sum().sort_values(ascending=False, kind="stable")
-        extra = [p for p in tot.index.astype(str) if p not in names and not prog.is_wait(p)][:MAX_EXTRA_PHASES]
-        names += extra
+    order = np.argsort(-tot, kind="stable")
+    extra = [str(work.names[c]) for c in order if tot[c] > 0 and str(work.names[c]) not in names
+             and not prog.is_wait(str(work.names[c]))][:MAX_EXTRA_PHASES]
+    names += extra
     out += [Scenario(n, CAUSE, phase=n) for n in names]
-    out += _spike_scenarios(host, names)
-    if stragglers is not None and len(stragglers) and straggler_ranks and len(work):
-        own = work.groupby(["rank", "phase"])["ns"].sum()
+    out += _spike_scenarios(work, names)
+    if stragglers is not None and len(stragglers) and straggler_ranks and work.size:
         by_rank = stragglers.set_index("rank")
         for r in straggler_ranks:
             if r not in by_rank.index:
@@ -160,31 +173,45 @@ def scenarios_for(work: pd.DataFrame, causes: pd.DataFrame | None, stragglers: p
                     continue
                 if excess is None or pd.isna(excess) or float(excess) <= 0:
                     continue
-                if float(own.get((int(r), phase), 0)) <= 0:
+                of_phase = work.code == work.code_of(phase)
+                if not (of_phase & (work.rank == int(r))).any():
                     continue
-                only_here = set(work.loc[work["phase"].to_numpy(dtype=object) == phase, "rank"].unique()) == {int(r)}
-                if only_here and phase in names:
+                if set(np.unique(work.rank[of_phase]).tolist()) == {int(r)} and phase in names:
                     continue  # the cause's own row already removes it on that rank alone
                 out.append(Scenario(f"{phase} on rank {int(r)}", RANK_PHASE, phase=phase, rank=int(r)))
+    return out
+
+
+def straggler_gpu_phases(stragglers: pd.DataFrame | None) -> set[str]:
+    """The ``gpu:<kernel>`` phases a ``rank_phase`` scenario may remove (the straggler ranks' top
+    causes on their GPU): the only GPU work the programs need to carry."""
+    if stragglers is None or not len(stragglers):
+        return set()
+    out = set()
+    for col in ("top_cause", "second_cause")[:RANK_PHASES]:
+        if col in stragglers:
+            out |= {str(p) for p in stragglers[col].dropna() if str(p).startswith("gpu:")}
     return out
 
 
 DROP = 1 << 58  # cut on a wait's edge that removes the wait itself (the sync is gone)
 
 
-def _spike_scenarios(host: pd.DataFrame, names: list[str]) -> list[Scenario]:
+def _spike_scenarios(work: rp.WorkArrays, names: list[str]) -> list[Scenario]:
     """Causes whose time comes in spikes (a GC pause, a sleep, a rare slow pass) on top of a
     steady part: a row for the part above the cause's median per step (on each rank), when it is
     at least ``MIN_SPIKE_SHARE`` of the cause's time and not all of it (then the cause's own row
     says the same)."""
-    if not len(host) or not names:
+    if not work.size or not names:
         return []
-    share = _median_step_share(host)
-    spike = pd.Series(host["ns"].to_numpy(np.float64) * share).groupby(host["phase"].to_numpy(dtype=object)).sum()
-    total = host.groupby("phase")["ns"].sum()
+    host = work.lane == prog.HOST
+    share = _median_step_share(work)
+    spike = np.bincount(work.code[host], weights=(work.ns * share)[host], minlength=work.names.size)
+    total = np.bincount(work.code[host], weights=work.ns[host].astype(np.float64), minlength=work.names.size)
     out = []
     for name in names:
-        sp, tot = float(spike.get(name, 0.0)), float(total.get(name, 0.0))
+        c = work.code_of(name)
+        sp, tot = (float(spike[c]), float(total[c])) if c >= 0 else (0.0, 0.0)
         if tot > 0 and MIN_SPIKE_SHARE * tot <= sp < 0.98 * tot:
             out.append((sp, Scenario(f"{name} spikes (above its median step)", SPIKES, phase=name)))
     out.sort(key=lambda x: -x[0])
@@ -194,22 +221,14 @@ def _spike_scenarios(host: pd.DataFrame, names: list[str]) -> list[Scenario]:
 def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """(edge cuts, point cuts or None, removed ns per scenario) for a block of scenarios.
 
-    Work rows on a lane are removed (in part, for a factor); a sync's wait row (``WAIT_ON_GPU``)
+    Work rows on a lane are removed (in part, for a share); a sync's wait row (``WAIT_ON_GPU``)
     is removed whole or not at all: removing ``host_sync (X)`` removes the sync, so the host no
     longer waits for its GPU there."""
-    n_e = len(g.edges)
-    cut = np.zeros((n_e, len(scen)), np.int64)
+    w = g.work
+    cut = np.zeros((len(g.edges), len(scen)), np.int64)
     node_cut = None
     removed = np.zeros(len(scen), np.int64)
-    w = g.work
-    if len(w):
-        codes, names = pd.factorize(w["phase"].astype(object))
-        code_of = {str(n): i for i, n in enumerate(names)}
-        wr = w["rank"].to_numpy(np.int64)
-        wl = w["lane"].to_numpy(np.int64)
-        we = w["gedge"].to_numpy(np.int64)
-        wns = w["ns"].to_numpy(np.int64)
-        is_wait_row = wl == prog.WAIT_ON_GPU
+    is_wait_row = w.lane == prog.WAIT_ON_GPU
     ctx: dict = {}
     for j, s in enumerate(scen):
         nc = _node_cut(g, s, ctx)
@@ -217,15 +236,15 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
             node_cut = np.zeros((g.n, len(scen)), np.int64) if node_cut is None else node_cut
             node_cut[:, j] = nc
             removed[j] += int(nc.sum())
-        if not len(w):
+        if not w.size:
             continue
-        share = _share(s, w, codes, code_of, wr, wl, ctx)
-        amount = np.rint(wns * share).astype(np.int64)
+        share = _share(s, w, ctx)
+        amount = np.rint(w.ns * share).astype(np.int64)
         lane_rows = ~is_wait_row & (amount > 0)
-        np.add.at(cut[:, j], we[lane_rows], amount[lane_rows])
+        np.add.at(cut[:, j], w.edge[lane_rows], amount[lane_rows])
         drop = is_wait_row & (share >= 0.5)
-        cut[we[drop], j] = DROP
-        removed[j] += int(amount[lane_rows].sum() + wns[drop].sum())
+        cut[w.edge[drop], j] = DROP
+        removed[j] += int(amount[lane_rows].sum() + w.ns[drop].sum())
     return cut, node_cut, removed
 
 
@@ -241,27 +260,26 @@ def _node_cut(g: rp.ReplayGraph, s: Scenario, ctx: dict) -> np.ndarray | None:
     return None
 
 
-def _share(s: Scenario, w: pd.DataFrame, codes, code_of, wr, wl, ctx: dict) -> np.ndarray:
+def _share(s: Scenario, w: rp.WorkArrays, ctx: dict) -> np.ndarray:
     """The share of each work row a scenario removes (0..1)."""
     if s.kind == COMBINED:
-        shares = [_share(p, w, codes, code_of, wr, wl, ctx) for p in s.parts]
-        return np.maximum.reduce(shares) if shares else np.zeros(len(w))
+        shares = [_share(p, w, ctx) for p in s.parts]
+        return np.maximum.reduce(shares) if shares else np.zeros(w.size)
     if s.name == MEDIAN_RANK:
-        return np.zeros(len(w))
+        return np.zeros(w.size)
     if s.name == GPU_ONLY:
-        return np.where(wl == prog.HOST, 1.0, 0.0)
-    if s.name == MEDIAN_STEP:
+        return np.where(w.lane == prog.HOST, 1.0, 0.0)
+    if s.name == MEDIAN_STEP or s.kind == SPIKES:
         if "median_step" not in ctx:
             ctx["median_step"] = _median_step_share(w)
-        return ctx["median_step"]
-    hit = codes == code_of.get(str(s.phase), -1)
-    if s.kind == RANK_PHASE:
-        hit &= wr == s.rank
-        return np.where(hit, _peer_step_share(w, hit, s.rank, s.phase), 0.0)
+        if s.name == MEDIAN_STEP:
+            return ctx["median_step"]
+    hit = w.code == w.code_of(str(s.phase))
     if s.kind == SPIKES:
-        if "median_step" not in ctx:
-            ctx["median_step"] = _median_step_share(w)
         return np.where(hit, ctx["median_step"], 0.0)
+    if s.kind == RANK_PHASE:
+        hit &= w.rank == s.rank
+        return np.where(hit, _peer_step_share(w, hit, s.rank, w.code_of(str(s.phase))), 0.0)
     return np.where(hit, 1.0, 0.0)
 
 
@@ -293,75 +311,91 @@ def _median_rank_cut(g: rp.ReplayGraph) -> np.ndarray:
     return out
 
 
-def _peer_step_share(w: pd.DataFrame, hit: np.ndarray, rank: int, phase: str) -> np.ndarray:
-    """Per work row of ``phase`` on ``rank`` (``hit``): the share of that rank's time in the phase,
-    step by step, above the median over the other ranks with that step (a rank without the
+_STEP_BITS = 24  # packing (rank, phase, step) into one int64 key: steps below 16 M
+_CODE_BITS = 20
+
+
+def _peer_step_share(w: rp.WorkArrays, hit: np.ndarray, rank: int, code: int) -> np.ndarray:
+    """Per work row of phase ``code`` on ``rank`` (``hit``): the share of that rank's time in the
+    phase, step by step, above the median over the other ranks with that step (a rank without the
     phase in the step counts 0): the rank's excess in the phase, removed where it happened."""
-    step = w["step"].to_numpy(np.int64)
-    ranks = w["rank"].to_numpy(np.int64)
-    lane_rows = (w["lane"].to_numpy(np.int64) != prog.WAIT_ON_GPU) & (step >= 0)
-    out = np.zeros(len(w), np.float64)
+    lane_rows = (w.lane != prog.WAIT_ON_GPU) & (w.step >= 0)
+    out = np.zeros(w.size, np.float64)
     if not (hit & lane_rows).any():
         return out
-    steps_u, s_pos = np.unique(step[lane_rows], return_inverse=True)
-    ranks_u, r_pos = np.unique(ranks[lane_rows], return_inverse=True)
+    steps_u, s_pos = np.unique(w.step[lane_rows], return_inverse=True)
+    ranks_u, r_pos = np.unique(w.rank[lane_rows], return_inverse=True)
     present = np.zeros((steps_u.size, ranks_u.size), bool)
     present[s_pos, r_pos] = True  # the rank recorded something in that step
     t = np.zeros((steps_u.size, ranks_u.size), np.float64)
-    of_phase = w["phase"].to_numpy(dtype=object)[lane_rows] == phase
-    np.add.at(t, (s_pos[of_phase], r_pos[of_phase]), w["ns"].to_numpy(np.float64)[lane_rows][of_phase])
+    of_phase = w.code[lane_rows] == code
+    np.add.at(t, (s_pos[of_phase], r_pos[of_phase]), w.ns[lane_rows][of_phase].astype(np.float64))
     me = int(np.searchsorted(ranks_u, rank))
     others = np.where(present, t, np.nan)
     others[:, me] = np.nan
-    with np.errstate(all="ignore"):
-        import warnings
+    if ranks_u.size > 1:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            peer = np.nanmedian(others, axis=1) if ranks_u.size > 1 else np.zeros(steps_u.size)
-    peer = np.nan_to_num(peer, nan=0.0)
+            warnings.simplefilter("ignore", RuntimeWarning)  # a step no other rank has: NaN -> 0
+            peer = np.nan_to_num(np.nanmedian(others, axis=1), nan=0.0)
+    else:
+        peer = np.zeros(steps_u.size)
     own = t[:, me]
     share = np.where(own > 0, np.clip((own - peer) / np.where(own > 0, own, 1.0), 0.0, 1.0), 0.0)
-    rows = np.flatnonzero(hit & (step >= 0))
-    pos = np.searchsorted(steps_u, step[rows])
-    okp = (pos < steps_u.size) & (steps_u[np.minimum(pos, steps_u.size - 1)] == step[rows])
-    out[rows[okp]] = share[pos[okp]]
+    rows = np.flatnonzero(hit & (w.step >= 0))
+    pos = np.searchsorted(steps_u, w.step[rows])
+    ok = (pos < steps_u.size) & (steps_u[np.minimum(pos, steps_u.size - 1)] == w.step[rows])
+    out[rows[ok]] = share[pos[ok]]
     return out
 
 
-def _median_step_share(w: pd.DataFrame) -> np.ndarray:
+def _median_step_share(w: rp.WorkArrays) -> np.ndarray:
+    """``_median_step_share_of`` computed once per work table (it sorts every row)."""
+    if w.median_share is None:
+        w.median_share = _median_step_share_of(w)
+    return w.median_share
+
+
+def _median_step_share_of(w: rp.WorkArrays) -> np.ndarray:
     """Per work row: the share of its time above its phase's median per step on its rank (steps
     of the rank without the phase count 0; time outside every step is never removed). A sync's
     wait row gets the share of its sync's own time in that step."""
-    step = w["step"].to_numpy(np.int64)
-    lane_rows = (w["lane"].to_numpy(np.int64) != prog.WAIT_ON_GPU) & (step >= 0)
-    out = np.zeros(len(w), np.float64)
+    out = np.zeros(w.size, np.float64)
+    lane_rows = (w.lane != prog.WAIT_ON_GPU) & (w.step >= 0)
     if not lane_rows.any():
         return out
-    lw = w[lane_rows]
-    per = lw.groupby(["rank", "phase", "step"], sort=False)["ns"].sum().rename("own").reset_index()
-    n_steps = lw.groupby("rank")["step"].nunique()
-    per = per.sort_values(["rank", "phase", "own"], kind="stable").reset_index(drop=True)
-    grp = (per["rank"].astype(str) + "\x00" + per["phase"].astype(str)).to_numpy()
-    new = np.r_[True, grp[1:] != grp[:-1]]
-    first = np.flatnonzero(new)
-    k = np.diff(np.r_[first, len(per)])  # steps with the phase
-    n = per["rank"].map(n_steps).to_numpy(np.int64)[first]
-    z = np.maximum(n - k, 0)  # steps without it: zeros sorted first
-    vals = per["own"].to_numpy(np.float64)
+    step_ids, step_of = np.unique(w.step, return_inverse=True)  # dense step numbers: they fit the key
+    rank_ids, rank_of = np.unique(w.rank, return_inverse=True)
+    if step_ids.size >= 1 << _STEP_BITS or w.names.size >= 1 << _CODE_BITS:
+        raise ValueError("impact: too many steps or phases to pack")
+    dense_rank, dense_step = rank_of.astype(np.int64), step_of.astype(np.int64)
+    r, c, st, ns = dense_rank[lane_rows], w.code[lane_rows], dense_step[lane_rows], w.ns[lane_rows]
+    key = (r << (_CODE_BITS + _STEP_BITS)) | (c << _STEP_BITS) | st
+    uniq, inv = np.unique(key, return_inverse=True)
+    own = np.bincount(inv, weights=ns.astype(np.float64))
+    u_rank = uniq >> (_CODE_BITS + _STEP_BITS)
+    group = uniq >> _STEP_BITS  # (rank, phase)
+    rank_steps = np.unique((r << _STEP_BITS) | st) >> _STEP_BITS
+    ranks_u, n_of_rank = np.unique(rank_steps, return_counts=True)  # steps each rank has
+    order = np.lexsort((own, group))
+    g_sorted, v_sorted = group[order], own[order]
+    first = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
+    k = np.diff(np.r_[first, g_sorted.size])  # steps with the phase
+    n = n_of_rank[np.searchsorted(ranks_u, u_rank[order][first])]
+    z = np.maximum(n - k, 0)  # steps without it: zeros, sorted first
 
-    def at(i):  # i-th smallest of the group's values with the zeros
-        return np.where(i < z, 0.0, vals[np.clip(first + i - z, 0, vals.size - 1)])
+    def at(i):  # the i-th smallest of a group's values, its zeros included
+        return np.where(i < z, 0.0, v_sorted[np.clip(first + i - z, 0, v_sorted.size - 1)])
 
-    med = (at((n - 1) // 2) + at(n // 2)) / 2.0
-    m = np.repeat(med, k)
-    own = vals
-    share = np.where(own > 0, np.clip((own - m) / np.where(own > 0, own, 1.0), 0, 1), 0.0)
-    fac = pd.Series(share, index=pd.MultiIndex.from_arrays([per["rank"].to_numpy(np.int64),
-                                                           per["phase"].to_numpy(dtype=object),
-                                                           per["step"].to_numpy(np.int64)]))
-    idx = pd.MultiIndex.from_arrays([w["rank"].to_numpy(np.int64), w["phase"].to_numpy(dtype=object), step])
-    out = np.array(fac.reindex(idx).fillna(0.0).to_numpy(np.float64), copy=True)
-    out[step < 0] = 0.0
+    med_sorted = np.repeat((at((n - 1) // 2) + at(n // 2)) / 2.0, k)
+    med = np.empty_like(med_sorted)
+    med[order] = med_sorted
+    share_u = np.where(own > 0, np.clip((own - med) / np.where(own > 0, own, 1.0), 0.0, 1.0), 0.0)
+    # every row of a (rank, phase, step), the sync's wait rows too, gets that key's share
+    all_key = (dense_rank << (_CODE_BITS + _STEP_BITS)) | (w.code << _STEP_BITS) | dense_step
+    pos = np.searchsorted(uniq, all_key)
+    ok = (w.step >= 0) & (pos < uniq.size)
+    ok[ok] &= uniq[pos[ok]] == all_key[ok]
+    out[ok] = share_u[pos[ok]]
     return out
 
 
@@ -428,7 +462,6 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
     gpu_j = [i for i, s in enumerate(scen) if s.name == GPU_ONLY][0]
     gap = base_mean - float(rep_step[:, gpu_j].mean())
     charged = _charged(scen, causes, cause_steps)
-    ranks_by_phase = g.work.groupby("phase")["rank"].unique() if len(g.work) else pd.Series(dtype=object)
     all_ranks = sorted(int(r) for r in g.ranks)
     rows = []
     for j, s in enumerate(scen):
@@ -436,7 +469,7 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
         imp = float(d.mean())
         lo, hi = _interval(d, n_resamples, seed)
         p90 = float(np.quantile(base_step, 0.9) - np.quantile(rep_step[:, j], 0.9))
-        ranks = _ranks_of(s, ranks_by_phase, all_ranks)
+        ranks = _ranks_of(s, g.work, all_ranks)
         rows.append({
             "cause": s.name, "ranks": len(ranks), "impact_ns_per_step": int(round(imp)),
             "impact_p90_ns": int(round(p90)), "impact_share": imp / gap if gap > 0 else math.nan,
@@ -508,13 +541,12 @@ def _step_points(g: rp.ReplayGraph, steps: pd.DataFrame) -> tuple[np.ndarray, ..
     return s, e, rows, nxt
 
 
-def _ranks_of(s: Scenario, ranks_by_phase: pd.Series, all_ranks: list[int]) -> list[int]:
+def _ranks_of(s: Scenario, w: rp.WorkArrays, all_ranks: list[int]) -> list[int]:
     if s.kind == RANK_PHASE:
         return [int(s.rank)]
-    if s.kind == BOUND:
+    if s.kind in (BOUND, COMBINED):
         return all_ranks
-    got = ranks_by_phase.get(s.phase)
-    return sorted(int(r) for r in got) if got is not None else []
+    return sorted(int(r) for r in np.unique(w.rank[w.code == w.code_of(str(s.phase))]))
 
 
 def _charged(scen: list[Scenario], causes: pd.DataFrame | None, cause_steps: pd.DataFrame | None) -> list:
@@ -593,9 +625,24 @@ def verdict_line(imp: Impact | None) -> str:
     for name, label in ((MEDIAN_RANK, "straggler-free bound"), (MEDIAN_STEP, "spike-free bound"),
                         (GPU_ONLY, "GPU-only bound")):
         b = bound_row(imp.table, name)
-        if b is not None:
+        if b is not None and b.get("removed_ns", 1) != 0:  # a bound with nothing to remove says nothing
             parts.append(f"{label} -{_ms(b['impact_ns_per_step'])} ms")
     return "impact: " + "; ".join(parts)
+
+
+def verdict_lines(imp: Impact | None, more: int = 3) -> list[str]:
+    """``verdict_line`` and, when there are, the next causes by impact:
+    ``  next: gc (rank 3) -1.92 ms, prepare_inputs (8 ranks) -0.44 ms``."""
+    lines = [verdict_line(imp)]
+    if imp is None or not len(imp.table):
+        return lines
+    top = lead_row(imp.table)
+    rows = imp.table[(imp.table["kind"] != BOUND) & (imp.table["impact_ns_per_step"] > 0)]
+    rows = rows.sort_values("impact_ns_per_step", ascending=False, kind="stable")
+    nxt = [r for r in rows.to_dict("records") if top is None or r["cause"] != top["cause"]][:more]
+    if nxt:
+        lines.append("  next: " + ", ".join(f"{who(r)} -{_ms(r['impact_ns_per_step'])} ms" for r in nxt))
+    return lines
 
 
 def _ms(ns) -> str:

@@ -6,36 +6,45 @@ executors of the scale path), as a small graph of **points** with observed times
 
 - the **host lane** (the rank's launching threads, one sequence of host time): the rank's
   start, step starts and ends, arrivals at and exits from blocking CPU sync points (Gloo, the DP
-  padding all-reduce), the host **anchor** of each GPU point (the launch that gated it) and the
-  host's **resume** after waiting on its GPU (a synchronize, ``.item()``, a blocking copy);
+  padding all-reduce), the host **anchors** of each GPU point (launches that gate it) and the
+  host's **resume** from each host sync (a synchronize, ``.item()``, a blocking copy);
 - the **GPU lane** (the rank's device, all streams): arrivals at and exits from GPU collectives
-  (NCCL / DeepEP kernels), and the point where the GPU finished what a waiting host waited for.
+  (NCCL / DeepEP kernels), and for each host sync the point where the GPU had finished what was
+  launched before it.
 
 Each point's time in a replay is the max over its incoming edges of (source's replayed time +
 the edge's observed length - the time removed on it), which in shift form (``delta`` = replayed
 minus observed time) reads ``delta(dst) = max_e(delta(src_e) - cut_e - slack_e)``:
 
 - host lane edge (previous host point -> this one): the host worked all along (``slack`` 0),
-  except for a resume, whose edge has the host's wait on the GPU as slack (an earlier host waits
-  longer); its removable time is the host's own work in between (``straggler_phases`` host
-  pieces, each instant named once; waits and host time blocked on the GPU are never removable);
+  except into a resume, whose edge has the host's wait on the GPU as slack (an earlier host
+  waits longer); its removable time is the host's own work in between (``straggler_phases``
+  host pieces, each instant named once; waits and host time blocked on the GPU never);
 - GPU lane edge (previous GPU point -> this one): ``slack`` = the GPU's idle time in between (a
   GPU path that gets earlier first fills that idle time); removable: GPU work of a named kernel
-  (``gpu:<kernel>`` pieces, e.g. a hot expert's extra GEMM time), only for straggler rows;
-- anchor edge (host anchor -> GPU point): the GPU point cannot come before the launch that
-  gated it plus the GPU work from that kernel on: ``slack`` = how far it was from binding (0 when
-  the GPU sat idle waiting for that launch);
-- GPU done -> resume (``slack`` 0): the host waiting on its GPU resumes when the GPU is done;
+  (``gpu:<kernel>`` pieces, e.g. a hot expert's extra GEMM time), for straggler rows;
+- anchor edges (host anchor -> GPU point): the GPU point cannot come before a launch plus the
+  GPU work from that kernel on. Two per point: the launch with the latest such bound (0 slack
+  when the GPU sat idle waiting for it) and the segment's first launch (the bound left when the
+  host's work between launches goes); GPU work removed after the kernel shortens them too;
+- GPU done -> resume: a host sync returns when the GPU has finished (slack: how long the GPU had
+  already been idle). Removing ``host_sync (X)`` removes the sync: that edge is dropped;
 - sync exit: every participant leaves an instance when its last participant arrives plus the
   instance's own transfer time (measured: observed exit minus last arrival), i.e. ``delta(exit)
   = max_q(delta(arrive_q) - (last arrival - arrive_q))``.
 
 So removing host time shifts the rest of that host's work earlier up to its next wait; the GPU
 follows only where it was waiting for that host; a rank that arrives earlier at a collective
-helps only if it was the last one, by what it led the next one. The ``slack`` of a point's
-edges is normalized so that the smallest is 0: the baseline replay (nothing removed)
-reproduces every observed time exactly, and ``model_residual_ns`` says how much had to be
-normalized (what the two-lane model does not explain; near 0 on the simulator).
+helps only if it was the last one, by what it led the next one. Nothing is removed outside the
+rank's steps (before the first, after the last). The ``slack`` of a point's edges is
+normalized so that the smallest is 0, so the baseline replay (nothing removed) reproduces every
+observed time exactly; ``residual_ns`` is what that normalization removed (0 when every point
+is explained by one of its paths, as on the simulator and the H200 captures).
+
+Limits, by construction: one host lane per rank (vLLM's engine-core and worker processes are
+merged, so work they overlap counts as sequential); a GPU point's bound from the host is kept
+for two launches, not all; sync points are only those ``syncs`` lists (a wait the analysis did
+not recognize as a sync is host work that can be removed).
 
 Inputs (all int64 ns on the aligned clock, one rank's rows each):
 
@@ -182,10 +191,17 @@ def _blocked(phase: np.ndarray, category: np.ndarray) -> np.ndarray:
 
 
 def rank_program(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame, host_pieces: pd.DataFrame,
-                 gpu_ops_table: pd.DataFrame, gpu_pieces: pd.DataFrame) -> RankProgram:
-    """Build one rank's replay program (see the module docstring) from its own tables."""
+                 gpu_ops_table: pd.DataFrame, gpu_pieces: pd.DataFrame,
+                 gpu_phases: set[str] | frozenset[str] | None = None) -> RankProgram:
+    """Build one rank's replay program (see the module docstring) from its own tables.
+
+    ``gpu_phases``: the ``gpu:<kernel>`` phases whose time to keep as removable work (the ones a
+    scenario may remove: the stragglers' GPU phases); None keeps every kernel's. The GPU lane's
+    structure (points, busy and idle time, anchors) does not depend on it."""
     hp = host_pieces[host_pieces["rank"].to_numpy(np.int64) == rank] if len(host_pieces) else host_pieces
     gp = gpu_pieces[gpu_pieces["rank"].to_numpy(np.int64) == rank] if len(gpu_pieces) else gpu_pieces
+    if gpu_phases is not None and len(gp):
+        gp = gp[gp["phase"].isin(list(gpu_phases)).to_numpy(dtype=bool)]
     st = steps[steps["rank"].to_numpy(np.int64) == rank] if steps is not None and len(steps) else None
     sy = syncs[syncs["rank"].to_numpy(np.int64) == rank] if len(syncs) else syncs
     ops = gpu_ops_table
@@ -433,7 +449,8 @@ class _Builder:
                                       "step": _step_at(st, at.astype(np.int64)), "lane": WAIT_ON_GPU,
                                       "phase": names.astype(object), "ns": ns.astype(np.int64)})
                 work = pd.concat([work, extra], ignore_index=True) if len(work) else extra
-        return RankProgram(self.rank, nodes, edges, work, int(residual), tuple(self.notes))
+        return RankProgram(self.rank, _compact(nodes, NODE_DTYPES), _compact(edges, EDGE_DTYPES),
+                           _compact(work, WORK_DTYPES), int(residual), tuple(self.notes))
 
     def _order(self, kind, lane, time, ins, host_idx, gpu_idx) -> np.ndarray:
         """Merge the two lanes into one evaluation order in which every source comes first
@@ -564,6 +581,24 @@ def _step_at(st: pd.DataFrame | None, t: np.ndarray) -> np.ndarray:
     j = np.searchsorted(ss, t, side="right") - 1
     ok = (j >= 0) & (t <= se[np.maximum(j, 0)])
     out[ok] = sn[j[ok]]
+    return out
+
+
+# what a program's tables hold at most: tens of points per step, so int32 ids and steps; times int64
+NODE_DTYPES = {"rank": "int32", "node": "int32", "time_ns": "int64", "lane": "int8", "kind": "int8",
+               "instance": "int64", "step": "int64"}
+EDGE_DTYPES = {"rank": "int32", "edge": "int32", "dst": "int32", "src": "int32", "kind": "int8", "slack_ns": "int64"}
+WORK_DTYPES = {"rank": "int32", "edge": "int32", "step": "int64", "lane": "int8", "ns": "int64"}
+
+
+def _compact(df: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
+    """The table in small integer types (the driver holds every rank's); phases stay shared
+    Python strings (one object per distinct name, pickled once)."""
+    out = df.astype({c: t for c, t in dtypes.items() if c in df.columns})
+    if "phase" in out:
+        codes, names = pd.factorize(out["phase"].to_numpy(dtype=object))
+        out["phase"] = pd.Series(np.asarray(list(names), dtype=object)[codes] if len(out) else [], dtype=object,
+                                 index=out.index)
     return out
 
 

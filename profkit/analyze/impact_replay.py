@@ -25,6 +25,36 @@ IN = 3  # incoming edges per point at most: its lane, and two anchors (a GPU poi
 
 
 @dataclass
+class WorkArrays:
+    """The removable work of all ranks as numpy (phases coded once: ``names[code]``)."""
+
+    rank: np.ndarray
+    edge: np.ndarray  # global edge id
+    step: np.ndarray
+    lane: np.ndarray
+    code: np.ndarray
+    ns: np.ndarray
+    names: np.ndarray
+    median_share: np.ndarray | None = None  # cache of ``impact._median_step_share``
+
+    @property
+    def size(self) -> int:
+        return int(self.ns.size)
+
+    def code_of(self, phase: str) -> int:
+        hit = np.flatnonzero(self.names == phase)
+        return int(hit[0]) if hit.size else -1
+
+    @classmethod
+    def of(cls, work: pd.DataFrame) -> "WorkArrays":
+        codes, names = pd.factorize(work["phase"].to_numpy(dtype=object)) if len(work) else (np.empty(0, np.int64), [])
+        return cls(rank=work["rank"].to_numpy(np.int64), edge=work["gedge"].to_numpy(np.int64),
+                   step=work["step"].to_numpy(np.int64), lane=work["lane"].to_numpy(np.int64),
+                   code=np.asarray(codes, np.int64), ns=work["ns"].to_numpy(np.int64),
+                   names=np.asarray(list(names), dtype=object))
+
+
+@dataclass
 class ReplayGraph:
     """All ranks' programs with global point and edge ids."""
 
@@ -41,7 +71,7 @@ class ReplayGraph:
     arr_slack: np.ndarray  # last arrival - this arrival
     arr_bounds: np.ndarray  # (instances + 1,)
     edges: pd.DataFrame  # EDGE_COLUMNS + gid, gsrc, gdst
-    work: pd.DataFrame  # WORK_COLUMNS + gedge
+    work: WorkArrays
     residual_ns: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -58,18 +88,19 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
     n = int(offsets[-1])
     if not n:
         return _empty_graph()
-    nodes = pd.concat([p.nodes for p in programs], ignore_index=True)
+    nodes = pd.concat([p.nodes for p in programs], ignore_index=True).astype(
+        {"rank": "int64", "node": "int64", "lane": "int64", "kind": "int64"})
     nodes["gid"] = np.arange(n, dtype=np.int64)
     e_parts, w_parts, base_e = [], [], 0
     for p, off in zip(programs, offsets[:-1]):
-        e = p.edges.copy()
+        e = p.edges.astype({"rank": "int64", "edge": "int64", "dst": "int64", "src": "int64", "kind": "int64"})
         e["gid"] = e["edge"].to_numpy(np.int64) + base_e
         e["gdst"] = e["dst"].to_numpy(np.int64) + off
         src = e["src"].to_numpy(np.int64)
         e["gsrc"] = np.where(src >= 0, src + off, -1)
         e_parts.append(e)
         if len(p.work):
-            w = p.work.copy()
+            w = p.work.astype({"rank": "int64", "edge": "int64", "lane": "int64"})
             w["gedge"] = w["edge"].to_numpy(np.int64) + base_e
             w_parts.append(w)
         base_e += len(p.edges)
@@ -110,7 +141,8 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
         raise ValueError("impact replay: a sync exit without arrivals")
     return ReplayGraph(nodes=nodes, offsets=offsets, ranks=np.array([p.rank for p in programs], np.int64),
                        in_src=in_src, in_edge=in_edge, in_slack=in_slack, is_exit=is_exit, is_arrive=is_arrive,
-                       inst=inst, arr_nodes=arr, arr_slack=arr_slack, arr_bounds=bounds, edges=edges, work=work,
+                       inst=inst, arr_nodes=arr, arr_slack=arr_slack, arr_bounds=bounds, edges=edges,
+                       work=WorkArrays.of(work),
                        residual_ns=int(sum(p.residual_ns for p in programs)), notes=notes)
 
 
@@ -119,7 +151,7 @@ def _empty_graph() -> ReplayGraph:
     z = np.zeros(0, np.int64)
     nodes = pd.DataFrame({c: pd.Series(dtype="int64") for c in prog.NODE_COLUMNS + ["gid"]})
     edges = pd.DataFrame({c: pd.Series(dtype="int64") for c in prog.EDGE_COLUMNS + ["gid", "gdst", "gsrc"]})
-    work = prog._empty_work().assign(gedge=pd.Series(dtype="int64"))
+    work = WorkArrays.of(prog._empty_work().assign(gedge=pd.Series(dtype="int64")))
     return ReplayGraph(nodes, np.zeros(1, np.int64), z, z2, z2.copy(), z2.copy(), z.astype(bool), z.astype(bool), z,
                        z, z, np.zeros(1, np.int64), edges, work)
 

@@ -37,9 +37,9 @@ def render_summary(analysis) -> str:
         lines.append("no serving steps found (no step markers; try --step-pattern REGEX); whole-trace GPU timeline only")
     impact = getattr(analysis, "impact", None)
     if impact is not None:
-        from profkit.analyze.impact import verdict_line
+        from profkit.analyze.impact import verdict_lines
 
-        lines.append(verdict_line(impact))
+        lines.extend(verdict_lines(impact))
     per_rank = getattr(analysis, "stragglers", None)
     if per_rank is not None and len(per_rank):
         lines.append(straggler_line(per_rank, getattr(analysis, "straggler_ranks", None) or []))

@@ -318,9 +318,10 @@ def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels
     syncs = impact_program.syncs_from_arrivals(plan.arrivals)
     by_rank = dict(iter(syncs.groupby("rank", sort=False))) if len(syncs) else {}
     steps_by_rank = dict(iter(steps.groupby("rank", sort=False))) if len(steps) else {}
+    gpu_phases = frozenset(impact_mod.straggler_gpu_phases(per_rank))
     res = ex.map(stages.impact_task,
-                 [(r, by_rank.get(r, impact_program.empty_syncs()), steps_by_rank.get(r), store) for r in ranks],
-                 labels)
+                 [(r, by_rank.get(r, impact_program.empty_syncs()), steps_by_rank.get(r), store, gpu_phases)
+                  for r in ranks], labels)
     stats += [x.stats for x in res]
     programs = [x.program for x in res]
     for x in res:

@@ -311,13 +311,16 @@ class ImpactResult:
     stats: TaskStats | None = None
 
 
-def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, store) -> ImpactResult:
+def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, store,
+                gpu_phases: frozenset[str] = frozenset()) -> ImpactResult:
     """The rank's replay program (``impact_program.rank_program``): its sync points (``syncs``,
-    the rank's rows), steps, timeline pieces and GPU activity, as a few points per sync point."""
+    the rank's rows), steps, timeline pieces and GPU activity, as a few points per sync point;
+    removable GPU work only of ``gpu_phases`` (the stragglers' GPU phases)."""
     t0 = time.perf_counter()
     _maybe_die("impact", rank)
     host, gpu, ops = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}"), store.get(gpu_ops_key(rank))
-    program = impact_program.rank_program(rank, syncs, steps if steps is not None else pd.DataFrame(), host, ops, gpu)
+    program = impact_program.rank_program(rank, syncs, steps if steps is not None else pd.DataFrame(), host, ops, gpu,
+                                          gpu_phases=gpu_phases)
     out = ImpactResult(rank=rank, program=program)
     out.stats = _stats("impact", rank, t0, len(host) + len(gpu) + len(ops))
     return out
