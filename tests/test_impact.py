@@ -530,6 +530,7 @@ def test_outputs_lead_with_impact(sim_runs, tmp_path, capsys):
     assert set(samples["cause"]) == set(table["cause"]) and len(samples) == len(table) * SIM_STEPS
     doc = json.loads((outs["base"] / "summary.json").read_text())["impact"]
     assert doc["rows"][0]["cause"] == table["cause"].iloc[0] and doc["gap_to_gpu_only_ns"] > 0
+    assert set(doc["bounds"]) == {imp.GPU_ONLY, imp.MEDIAN_RANK, imp.MEDIAN_STEP}
     text = render_summary(base)
     lines = text.splitlines()
     assert lines[2].startswith("impact: removing execute_context_N_generation_N")

@@ -109,12 +109,18 @@ class Impact:
     cause_steps: pd.DataFrame | None = field(default=None, repr=False)
 
     def to_summary(self, top: int = 10) -> dict:
-        rows = self.table.head(top) if len(self.table) else self.table
+        """``summary.json``'s ``impact``: the top rows (bounds apart), the bounds by name."""
+        t = self.table
+        rows = t[t["kind"] != BOUND].head(top) if len(t) else t
+        bounds = {str(r["cause"]): {"impact_ns_per_step": _num(r["impact_ns_per_step"]),
+                                    "replayed_step_ns": _num(r["replayed_step_ns"])}
+                  for r in t[t["kind"] == BOUND].to_dict("records")} if len(t) else {}
         return {
             "step_time_ns_mean": _num(self.base_mean_ns), "gap_to_gpu_only_ns": _num(self.gap_ns),
             "model_residual_ns": int(self.model_residual_ns), "points": int(self.n_points),
             "instances_released_early": int(self.released_early),
             "rows": [{k: _num(v) for k, v in r.items()} for r in rows.to_dict("records")],
+            "bounds": bounds,
             "notes": list(self.notes),
         }
 
@@ -647,17 +653,3 @@ def verdict_lines(imp: Impact | None, more: int = 3) -> list[str]:
 
 def _ms(ns) -> str:
     return "-" if ns is None or pd.isna(ns) else f"{float(ns) / 1e6:.1f}" if abs(float(ns)) >= 1e7 else f"{float(ns) / 1e6:.2f}"
-
-
-def impact_of(analysis_events: pd.DataFrame, steps: pd.DataFrame, arrivals: pd.DataFrame | None, **kwargs) -> Impact:
-    """In-memory convenience: programs from aligned events, then ``impact_from_programs``."""
-    from profkit.analyze import straggler_arrivals as arr_mod
-    from profkit.analyze import straggler_phases as ph_mod
-
-    ext = arr_mod.trace_windows(analysis_events)
-    host, gpu = ph_mod.timeline_pieces(analysis_events, ext)
-    syncs = prog.syncs_from_arrivals(arrivals)
-    programs = []
-    for rank, ev in analysis_events.groupby("rank", sort=True, observed=True):
-        programs.append(prog.rank_program(int(rank), syncs, steps, host, prog.gpu_ops(ev), gpu))
-    return impact_from_programs(programs, steps, **kwargs)

@@ -437,12 +437,12 @@ class _Builder:
         anchor_ops = (np.asarray(e_from, np.int64), np.asarray(e_which, np.int64))
         work = self._work(nodes, edges, e_lane, anchor_ops, h_s, h_e, h_ph, h_cat, gp, st)
         if self.sync_phase:  # the waits of named syncs: gone when the sync is removed
-            e_kind_a = edges["kind"].to_numpy(np.int64)
+            cross_into = {int(d): i for i, (d, k) in enumerate(zip(e_dst, e_kind)) if k == CROSS}
             rows = []
             for p, name in self.sync_phase.items():
-                e = np.flatnonzero((edges["dst"].to_numpy(np.int64) == new_id[p]) & (e_kind_a == CROSS))
-                if e.size:
-                    rows.append((int(e[0]), name, self.resume_of[p][1], int(time[p])))
+                e = cross_into.get(int(new_id[p]))
+                if e is not None:
+                    rows.append((e, name, self.resume_of[p][1], int(time[p])))
             if rows:
                 ids, names, ns, at = (np.asarray(x) for x in zip(*rows))
                 extra = pd.DataFrame({"rank": np.full(len(rows), self.rank, np.int64), "edge": ids.astype(np.int64),
