@@ -525,10 +525,9 @@ def _step_points(g: rp.ReplayGraph, steps: pd.DataFrame) -> tuple[np.ndarray, ..
     kind = nodes["kind"].to_numpy(np.int64)
     key_r, key_s = nodes["rank"].to_numpy(np.int64), nodes["step"].to_numpy(np.int64)
     gid = nodes["gid"].to_numpy(np.int64)
-    starts = pd.Series(gid[kind == prog.STEP_START],
-                       index=pd.MultiIndex.from_arrays([key_r[kind == prog.STEP_START], key_s[kind == prog.STEP_START]]))
-    ends = pd.Series(gid[kind == prog.STEP_END],
-                     index=pd.MultiIndex.from_arrays([key_r[kind == prog.STEP_END], key_s[kind == prog.STEP_END]]))
+    is_s, is_e = kind == prog.STEP_START, kind == prog.STEP_END
+    starts = pd.Series(gid[is_s], index=pd.MultiIndex.from_arrays([key_r[is_s], key_s[is_s]]))
+    ends = pd.Series(gid[is_e], index=pd.MultiIndex.from_arrays([key_r[is_e], key_s[is_e]]))
     starts = starts[~starts.index.duplicated()]
     ends = ends[~ends.index.duplicated()]
     idx = pd.MultiIndex.from_arrays([steps["rank"].to_numpy(np.int64), steps["step"].to_numpy(np.int64)])
@@ -652,4 +651,7 @@ def verdict_lines(imp: Impact | None, more: int = 3) -> list[str]:
 
 
 def _ms(ns) -> str:
-    return "-" if ns is None or pd.isna(ns) else f"{float(ns) / 1e6:.1f}" if abs(float(ns)) >= 1e7 else f"{float(ns) / 1e6:.2f}"
+    """ms with one decimal from 10 ms up, two below."""
+    if ns is None or pd.isna(ns):
+        return "-"
+    return f"{float(ns) / 1e6:.1f}" if abs(float(ns)) >= 1e7 else f"{float(ns) / 1e6:.2f}"

@@ -429,7 +429,8 @@ class _Builder:
         edges = pd.DataFrame({"rank": np.full(n_e, self.rank, np.int64), "edge": np.arange(n_e, dtype=np.int64),
                               "dst": np.asarray(e_dst, np.int64), "src": np.asarray(e_src, np.int64),
                               "kind": np.asarray(e_kind, np.int64), "slack_ns": np.asarray(e_slack, np.int64)})
-        nodes = pd.DataFrame({"rank": np.full(len(order), self.rank, np.int64), "node": np.arange(len(order), dtype=np.int64),
+        nodes = pd.DataFrame({"rank": np.full(len(order), self.rank, np.int64),
+                              "node": np.arange(len(order), dtype=np.int64),
                               "time_ns": time[order], "lane": lane[order], "kind": kind[order],
                               "instance": np.asarray(self.instance, np.int64)[order],
                               "step": np.asarray(self.step, np.int64)[order]})
@@ -500,7 +501,7 @@ class _Builder:
         dst, src = edges["dst"].to_numpy(np.int64), edges["src"].to_numpy(np.int64)
         eid = edges["edge"].to_numpy(np.int64)
         lo_t, hi_t = t[src].copy(), t[dst].copy()
-        if st is not None and len(st):  # nothing is removed outside the steps' window (before the first, after the last)
+        if st is not None and len(st):  # nothing is removed before the first step or after the last
             first, last = int(st["start_ns"].min()), int(st["end_ns"].max())
             lo_t, hi_t = np.maximum(lo_t, first), np.minimum(hi_t, last)
         parts = []

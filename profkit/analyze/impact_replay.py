@@ -105,7 +105,8 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
             w_parts.append(w)
         base_e += len(p.edges)
     edges = pd.concat(e_parts, ignore_index=True)
-    work = pd.concat(w_parts, ignore_index=True) if w_parts else prog._empty_work().assign(gedge=pd.Series(dtype="int64"))
+    work = (pd.concat(w_parts, ignore_index=True) if w_parts
+            else prog._empty_work().assign(gedge=pd.Series(dtype="int64")))
     in_src = np.full((n, IN), -1, np.int64)
     in_edge = np.full((n, IN), -1, np.int64)
     in_slack = np.zeros((n, IN), np.int64)

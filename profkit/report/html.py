@@ -153,7 +153,7 @@ def _impact_cards(analysis) -> list[str]:
         out.append(card("largest impact", ms(top["impact_ns_per_step"]), esc(imp_mod.who(top))))
     for name, title in ((imp_mod.MEDIAN_RANK, "straggler-free step"), (imp_mod.GPU_ONLY, "GPU-only bound step")):
         b = imp_mod.bound_row(imp.table, name)
-        if b is not None:
+        if b is not None and b.get("removed_ns", 1) != 0:  # nothing to remove (one rank): no card
             out.append(card(title, ms(b["replayed_step_ns"]), f"-{ms(b['impact_ns_per_step'])} per step"))
     return out
 
@@ -176,16 +176,17 @@ def _impact_section(analysis, figures: Figures, anchor: str, title: str) -> str:
     shown = t[t["kind"] != imp_mod.BOUND].head(data.MAX_PARETO_CAUSES)
     body = ""
     if len(shown):
-        body += figures.embed(figs.impact_bars(shown, int(t["ranks"].max())), "Bars: how much the mean serving step would drop without the "
-                              "cause (what-if replay through the sync points), whiskers its 95% interval over steps; "
-                              "grey: the GPU-idle time causes.csv charges to it per rank and step (its per_step_ns).")
+        body += figures.embed(figs.impact_bars(shown, int(t["ranks"].max())),
+                              "Bars: how much the mean serving step would drop without the cause (what-if replay "
+                              "through the sync points), whiskers its 95% interval over steps; grey: the GPU-idle "
+                              "time causes.csv charges to it per rank and step (its per_step_ns).")
     rows = []
     n_ranks = int(t["ranks"].max()) if len(t) else 1
     for x in t.to_dict("records"):
         ci = (f"{ms(x['impact_lo_ns'])} to {ms(x['impact_hi_ns'])}"
               if pd.notna(x.get("impact_lo_ns")) and pd.notna(x.get("impact_hi_ns")) else "-")
         charged = x.get("charged_ns")
-        per_step = (float(charged) / (x["n_steps"] * max(n_ranks, 1))) if pd.notna(charged) and x.get("n_steps") else None
+        per_step = float(charged) / (x["n_steps"] * max(n_ranks, 1)) if pd.notna(charged) and x.get("n_steps") else None
         rows.append([esc(imp_mod.who(x)), esc(x["kind"]), ms(x["impact_ns_per_step"]), ci, ms(x["impact_p90_ns"]),
                      pct(x["impact_share"]), ms(per_step), ms(x["replayed_step_ns"])])
     body += table(["without", "kind", "mean step drop", "95% interval", "p90 drop", "of the gap to GPU-only",

@@ -23,6 +23,11 @@ def render_summary(analysis) -> str:
     lines: list[str] = []
     n_ranks = len(analysis.ranks)
     lines.append(f"profkit {analysis.version}: {n_ranks} rank(s), {cap.event_count:,} events")
+    impact = getattr(analysis, "impact", None)
+    if impact is not None:  # the verdict leads with what removing the largest cause would save
+        from profkit.analyze.impact import verdict_lines
+
+        lines.extend(verdict_lines(impact))
     steps = analysis.steps
     if len(steps):
         total_step = steps["step_ns"].sum()
@@ -35,11 +40,6 @@ def render_summary(analysis) -> str:
         )
     else:
         lines.append("no serving steps found (no step markers; try --step-pattern REGEX); whole-trace GPU timeline only")
-    impact = getattr(analysis, "impact", None)
-    if impact is not None:
-        from profkit.analyze.impact import verdict_lines
-
-        lines.extend(verdict_lines(impact))
     per_rank = getattr(analysis, "stragglers", None)
     if per_rank is not None and len(per_rank):
         lines.append(straggler_line(per_rank, getattr(analysis, "straggler_ranks", None) or []))
