@@ -184,7 +184,27 @@ def synthetic_analysis(n_ranks: int, n_steps: int, optional: bool = True, seed: 
         layer = np.tile(np.arange(4), n_steps)
         analysis.balance = {"ep": pd.DataFrame({"step": np.repeat(np.arange(n_steps), 4), "layer": layer,
                                                 "balancedness": rng.uniform(0.6, 1.0, 4 * n_steps)})}
+        analysis.impact = synthetic_impact(n_ranks, n_steps, rng)
     return analysis
+
+
+def synthetic_impact(n_ranks: int, n_steps: int, rng):
+    """An impact table shaped like ``analyze.impact``'s: a cause on one rank (named as markup), a
+    straggler phase, a cause on every rank and the three bounds."""
+    from profkit.analyze import impact as imp
+
+    base = 20_000_000
+    rows = [(HOSTILE, imp.CAUSE, str(n_ranks - 1), 4_000_000), ("Scheduler.schedule", imp.CAUSE,
+            " ".join(map(str, range(n_ranks))), 900_000), (f"{HOSTILE} on rank 3", imp.RANK_PHASE, "3", 300_000),
+            (imp.GPU_ONLY, imp.BOUND, "", 13_000_000), (imp.MEDIAN_RANK, imp.BOUND, "", 4_500_000),
+            (imp.MEDIAN_STEP, imp.BOUND, "", 2_000_000)]
+    table = pd.DataFrame([{
+        "cause": c, "ranks": len(r.split()), "impact_ns_per_step": v, "impact_p90_ns": v, "impact_share": v / 13e6,
+        "charged_ns": v * n_steps * 3, "kind": k, "ranks_list": r, "impact_lo_ns": int(v * 0.9),
+        "impact_hi_ns": int(v * 1.1), "step_share": v / base, "removed_ns": v * n_steps, "base_step_ns": base,
+        "replayed_step_ns": base - v, "n_steps": n_steps} for c, k, r, v in rows])
+    return imp.Impact(table=table, steps=pd.DataFrame(columns=imp.IMPACT_STEP_COLUMNS), base_mean_ns=base,
+                      gap_ns=13e6, n_points=n_ranks * n_steps * 50)
 
 
 # ---- tests in the browser ------------------------------------------------------------------
@@ -225,6 +245,9 @@ def test_large_synthetic_report_with_every_section(browser, tmp_path):
     assert "binned" in r["section_text"]["lateness"] and "Lateness at sync points" in r["section_text"]["lateness"]
     assert "Stragglers at their latest step" in r["section_text"]["findings"]
     assert r["text"].count(HOSTILE) >= 2  # a cause and a straggler's top cause
+    # the page leads with impact: what removing the cause would save, before anything else
+    lead = r["text"].index("would cut the mean serving step by")
+    assert lead < r["text"].index("Serving steps take ") and HOSTILE in r["text"][:lead + 200]
 
 
 # ---- tests without a browser ---------------------------------------------------------------
@@ -234,6 +257,7 @@ def test_absent_analyzers_say_not_computed():
     assert "Not computed: this analysis has no straggler table" in html
     assert "Fallback: lateness was not computed" in html
     assert "EP balancedness" in html and "Not computed: this analysis has no balance table" in html
+    assert "Not computed: this analysis has no impact table" in html and '<p class="impact-verdict">' not in html
 
 
 def test_no_steps_still_renders():

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -23,6 +24,8 @@ TABLES = ("steps", "timelines", "ranks", "causes", "cause_steps", "stragglers", 
 def _tables(a) -> dict[str, pd.DataFrame]:
     out = {name: getattr(a, name) for name in TABLES}
     out["dp_imbalance"] = a.balance["dp"]
+    out["impact"] = a.impact.table
+    out["impact_steps"] = a.impact.steps
     out["alignment"] = a.alignment.ranks
     out["sources"] = a.alignment.sources
     return out
@@ -66,9 +69,37 @@ def test_serial_pool_dask_and_in_memory_give_identical_tables(dep32, serial):
     workers = set(pool.run_stats["worker"])
     assert len(workers) == 2, workers
     per_stage = pool.run_stats.groupby("stage")["rank"].nunique()
-    assert per_stage["prepare"] == per_stage["rank"] == per_stage["finish"] == 32
+    assert per_stage["prepare"] == per_stage["rank"] == per_stage["finish"] == per_stage["impact"] == 32
     # and it found the injected causes (the accuracy suite checks how well; here: found at all)
     assert {5, 17} <= set(serial.straggler_ranks)
+
+
+def test_impact_at_dep32_matches_the_simulator_with_each_fault_removed(serial):
+    """Issue 17 at DEP32 on the scale path: rank 5's GC (every 6th step) and rank 17's slow
+    schedule (every step) land at the same sync point; the simulator re-run with one of them
+    removed (same seed) is the truth, within 10% or 0.2 ms."""
+    from profkit.analyze import impact as imp
+    from profkit.simulate.config import SimConfig, parse_inject
+    from profkit.simulate.model import Timeline
+
+    def true_mean(injects):
+        cfg = SimConfig(ranks=32, steps=24, seed=9, layers=4, injects=tuple(parse_inject(i) for i in injects))
+        tl = Timeline(cfg)
+        spans = [r.spans for r in tl.run(np.arange(32), tl.new_coupling())]
+        return float((np.concatenate([s["step_e"] for s in spans], 1) - np.concatenate([s["step_b"] for s in spans], 1)).mean())
+
+    gc, slow = "gc:rank=5,every=6,ms=20", "slow_schedule:rank=17,ms=4"
+    full = true_mean([gc, slow])
+    table = serial.impact.table.set_index("cause")
+    for name, without in (("gc", [slow]), ("Scheduler.schedule on rank 17", [gc])):
+        true = full - true_mean(without)
+        pred = float(table.loc[name, "impact_ns_per_step"])
+        assert abs(pred - true) <= max(0.1 * abs(true), 200_000), (name, pred, true)
+    both = imp.what_if(serial.impact, [imp.Scenario("both", imp.COMBINED, parts=(
+        imp.Scenario("gc", imp.CAUSE, phase="gc"),
+        imp.Scenario("s", imp.RANK_PHASE, phase="Scheduler.schedule", rank=17)))])
+    true = full - true_mean([])
+    assert abs(float(both["impact_ns_per_step"].iloc[0]) - true) <= max(0.1 * true, 200_000)
 
 
 def test_driver_holds_no_events(serial, dep32):
@@ -107,7 +138,8 @@ def test_cli_executors_write_identical_files(dep32, tmp_path):
         subprocess.run([sys.executable, "-m", "profkit.cli.main", "analyze", str(dep32), "-o", str(out), "-q",
                         *flags], check=True)
         outs[name] = out
-    for csv in ("steps.csv", "causes.csv", "stragglers.csv", "lateness.csv", "dp_imbalance.csv"):
+    for csv in ("steps.csv", "causes.csv", "stragglers.csv", "lateness.csv", "dp_imbalance.csv", "impact.csv",
+                "impact_steps.csv"):
         ref = (outs["serial"] / csv).read_bytes()
         assert ref and all((outs[n] / csv).read_bytes() == ref for n in ("pool", "dask")), csv
 

@@ -47,6 +47,7 @@ class Analysis:
     phase_steps: pd.DataFrame | None = None
     # one line per disagreement between the straggler verdict and the cause table (``consistency``)
     consistency: list[str] = field(default_factory=list)
+    impact: object | None = None  # ``analyze.impact.Impact``: impact.csv and its per-step samples; None: not computed
 
 
 def one_host(meta: dict[int, list[dict]]) -> bool:

@@ -8,7 +8,7 @@ import sys
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="analyze traces (files or folders) and summarize GPU time vs step time")
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders (Kineto JSON[.gz], nsys SQLite, Chrome JSON)")
-    p.add_argument("-o", "--out", metavar="OUT", help="write summary.json, steps.csv, causes.csv, stragglers.csv and report.html here")
+    p.add_argument("-o", "--out", metavar="OUT", help="write summary.json, steps.csv, causes.csv, impact.csv, stragglers.csv and report.html here")
     p.add_argument("--expert-loads", metavar="FILE",
                    help="tokens per rank/step/layer (CSV rank,step,layer,tokens; default: found beside the traces)")
     p.add_argument("--experts", type=int, metavar="E",

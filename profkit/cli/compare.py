@@ -62,6 +62,12 @@ batch_size; the nearest shape by tokens where none is equal) and the per-step ga
 into the serving run's causes plus the GPU-work difference. Only this section is printed; the
 exit code is 0 (2 on unusable input). --json `gpu_only`, --gpu-only-csv.
 
+impact: when both folders have impact.csv (what removing each cause would save, from profkit
+analyze's what-if replay), a section lists the top causes of either run and the bounds (GPU-only,
+straggler-free, spike-free) with each run's impact and the change, its 95% bootstrap interval from
+impact_steps.csv, and larger / smaller / within noise. It goes into --json (`impact`) and never
+changes the verdict or the exit code.
+
 uses: gate CI on a nightly capture (`profkit compare last-good-nightly out/ --db runs.sqlite`);
 price DP imbalance (`profkit compare mirror_out/ lag_out/ --dp-csv dp_imbalance_cost.csv`).
 """
@@ -134,10 +140,11 @@ def run(args: argparse.Namespace) -> int:
     if args.scaling or args.scaling_csv or base.n_ranks != cand.n_ranks:
         scaling = scaling_decomposition(base.steps, base.cause_steps, cand.steps, cand.cause_steps,
                                         n_resamples=args.resamples, seed=args.seed)
+    impact = impact_change(base, cand, top=args.top_causes, n_resamples=args.resamples, seed=args.seed)
     if args.quiet:
         print(result.headline)
     else:
-        print(render(result, base, cand, dp, ep=ep, scaling=scaling))
+        print(render(result, base, cand, dp, ep=ep, scaling=scaling, impact=impact))
     if args.dp_csv:
         dp.to_frame().to_csv(args.dp_csv, index=False)
         say(f"wrote {args.dp_csv}")
@@ -153,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
             doc["ep_balance"] = ep.to_dict()
         if scaling is not None:
             doc["scaling"] = scaling.to_dict()
+        doc["impact"] = None if impact is None else [
+            {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+            for row in impact.to_dict("records")]
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=2)
             fh.write("\n")
@@ -160,9 +170,9 @@ def run(args: argparse.Namespace) -> int:
     return 1 if result.regressed else 0
 
 
-def render(result, base, cand, dp=None, ep=None, scaling=None) -> str:
-    """The comparison as a table that fits 120 columns, the DP-imbalance, EP-balance and scaling
-    sections (when given), then the verdict sentence (always the last line)."""
+def render(result, base, cand, dp=None, ep=None, scaling=None, impact=None) -> str:
+    """The comparison as a table that fits 120 columns, the impact, DP-imbalance, EP-balance and
+    scaling sections (when given), then the verdict sentence (always the last line)."""
     from profkit.analyze import compare as cmp
 
     lines = [
@@ -188,6 +198,8 @@ def render(result, base, cand, dp=None, ep=None, scaling=None) -> str:
     for who, r in (("base", base), ("cand", cand)):
         for note in r.notes:
             lines.append(f"note ({who}): {note}")
+    if impact is not None:
+        lines += ["", render_impact(impact)]
     if dp is not None:
         lines += ["", render_dp(dp)]
     if ep is not None and (ep.significant or not ep.available):  # an unchanged EP balance is in --json only
@@ -195,6 +207,59 @@ def render(result, base, cand, dp=None, ep=None, scaling=None) -> str:
     if scaling is not None:
         lines += ["", render_scaling(scaling)]
     lines += ["", result.headline]
+    return "\n".join(lines)
+
+
+def impact_tables(run: "RunData") -> "tuple[pd.DataFrame, pd.DataFrame | None] | None":
+    """A run's ``impact.csv`` and ``impact_steps.csv`` from its analysis folder; None for a run from
+    the history database or a folder without impact.csv."""
+    import pandas as pd
+
+    from profkit.history.runs import RunError, is_analysis_dir
+
+    if run.run_id is not None or not run.source or not is_analysis_dir(run.source):
+        return None
+    path = Path(run.source) / "impact.csv"
+    if not path.is_file():
+        return None
+    try:
+        table = pd.read_csv(path)
+        steps_path = Path(run.source) / "impact_steps.csv"
+        steps = pd.read_csv(steps_path) if steps_path.is_file() else None
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{path}: unreadable CSV: {exc}") from exc
+    if not {"cause", "kind", "impact_ns_per_step"} <= set(table.columns):
+        raise RunError(f"{path}: not an impact table (cause, kind, impact_ns_per_step needed)")
+    if steps is not None and not {"cause", "step", "step_ns", "replayed_ns"} <= set(steps.columns):
+        steps = None
+    return table, steps
+
+
+def impact_change(base: "RunData", cand: "RunData", top: int = 5, n_resamples: int = 2000,
+                  seed: int = 0) -> "pd.DataFrame | None":
+    """``compare.impact_changes`` of two analysis folders; None unless both have impact.csv."""
+    from profkit.analyze.compare import impact_changes
+
+    b, c = impact_tables(base), impact_tables(cand)
+    if b is None or c is None:
+        return None
+    return impact_changes(b[0], b[1], c[0], c[1], top=top, n_resamples=n_resamples, seed=seed)
+
+
+def render_impact(changes: "pd.DataFrame") -> str:
+    """Impact per cause in both runs (the mean step drop without it) and its change."""
+    if not len(changes):
+        return "Impact (what-if replay): nothing to compare"
+    lines = ["Impact (what-if replay): how much shorter the mean step would be without each cause",
+             f"{'without':52} {'base':>9} {'cand':>9} {'change':>9}  {'95% interval':20} verdict"]
+    for row in changes.to_dict("records"):
+        name = str(row["cause"])
+        name = name if len(name) <= 52 else name[:51] + "~"
+        lo, hi = row["delta_lo_ns"], row["delta_hi_ns"]
+        ci = f"[{lo / 1e6:+.3f}, {hi / 1e6:+.3f}]" if math.isfinite(lo) and math.isfinite(hi) else "-"
+        lines.append(f"{name:52} {row['base_ns'] / 1e6:>9.3f} {row['cand_ns'] / 1e6:>9.3f}"
+                     f" {row['delta_ns'] / 1e6:>+9.3f}  {ci:20} {row['change']}")
+    lines.append("(ms per step; intervals: bootstrap over steps of the per-step drops in impact_steps.csv)")
     return "\n".join(lines)
 
 

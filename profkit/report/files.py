@@ -43,6 +43,7 @@ def summary_document(analysis) -> dict[str, Any]:
         "unranked_processes": [{k: _jsonable(v) if not isinstance(v, list) else v for k, v in u.items()}
                                for u in getattr(analysis.capture, "unranked", [])],
         "warnings": list(analysis.capture.warnings) + list(analysis.warnings),
+        "impact": impact.to_summary() if (impact := getattr(analysis, "impact", None)) is not None else None,
     }
 
 
@@ -81,6 +82,13 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
     episodes = getattr(analysis, "straggler_episodes", None)
     if isinstance(episodes, pd.DataFrame):  # one row per episode (straggler_episodes.EPISODE_COLUMNS)
         written.append(_csv(episodes, out / "straggler_episodes.csv"))
+    impact = getattr(analysis, "impact", None)
+    if impact is not None:  # what removing each cause would save (analyze.impact), and its per-step samples
+        from profkit.analyze.impact import IMPACT_COLUMNS
+
+        extra = [c for c in impact.table.columns if c not in IMPACT_COLUMNS]
+        written.append(_csv(impact.table[IMPACT_COLUMNS + extra], out / "impact.csv"))
+        written.append(_csv(impact.steps, out / "impact_steps.csv"))
     balance = analysis.balance or {}
     if "ep" in balance:
         written.append(_csv(balance["ep"], out / "balance.csv"))

@@ -24,6 +24,7 @@ from profkit.report.html_page import Figures, card, esc, missing, page, section,
 REPORT_NAME = "report.html"
 
 SECTIONS = (
+    ("impact", "Impact: what each cause costs the step"),
     ("steps", "Step time vs GPU-only time"),
     ("causes", "Causes by impact"),
     ("stragglers", "Stragglers"),
@@ -100,6 +101,32 @@ def verdict_sentence(analysis, head: data.Headline) -> str:
     return f"{first}{second}; {_straggler_phrase(head.straggler_ranks)}."
 
 
+def impact_sentence(analysis) -> str:
+    """The report's first line (HTML, names escaped): what removing the cause with the largest
+    impact would save, from the what-if replay; empty when no impact was computed."""
+    from profkit.analyze import impact as imp_mod
+
+    imp = getattr(analysis, "impact", None)
+    if imp is None or not len(imp.table):
+        return ""
+    top = imp_mod.lead_row(imp.table)
+    gpu = imp_mod.bound_row(imp.table, imp_mod.GPU_ONLY)
+    if top is None:
+        text = "No single cause moves the mean serving step in the what-if replay"
+    else:
+        ci = ""
+        if pd.notna(top.get("impact_lo_ns")) and pd.notna(top.get("impact_hi_ns")):
+            ci = f" (95% interval {ms(top['impact_lo_ns'])} to {ms(top['impact_hi_ns'])})"
+        share = top.get("impact_share")
+        gap = (f": {pct(share)} of the {ms(imp.gap_ns)} gap between the mean step and its GPU-only bound"
+               if share is not None and pd.notna(share) and imp.gap_ns > 0 else "")
+        text = (f"Removing <b>{esc(imp_mod.who(top))}</b> would cut the mean serving step by "
+                f"<b>{ms(top['impact_ns_per_step'])}</b>{ci}{gap}")
+    if gpu is not None:
+        text += f"; with no host overhead at all the step would take {ms(gpu['replayed_step_ns'])}"
+    return f'<p class="impact-verdict">{text}.</p>'
+
+
 def _verdict(analysis, head: data.Headline) -> str:
     cards = [
         card("median serving step", ms(head.step_ns_p50), f"p90 {ms(head.step_ns_p90)}"),
@@ -109,9 +136,29 @@ def _verdict(analysis, head: data.Headline) -> str:
         card("ranks", str(head.n_ranks), f"{head.n_steps:,} rank-steps"),
         card("stragglers", _straggler_card(head.straggler_ranks)),
     ]
+    cards += _impact_cards(analysis)
     lines = getattr(analysis, "consistency", None) or []
     warn = "".join(f'<p class="consistency"><b>consistency:</b> {esc(line)}</p>' for line in lines)
-    return f'<p class="verdict">{verdict_sentence(analysis, head)}</p>{warn}<div class="cards">{"".join(cards)}</div>\n'
+    return (f'{impact_sentence(analysis)}<p class="verdict">{verdict_sentence(analysis, head)}</p>{warn}'
+            f'<div class="cards">{"".join(cards)}</div>\n')
+
+
+
+def _impact_cards(analysis) -> list[str]:
+    from profkit.analyze import impact as imp_mod
+
+    imp = getattr(analysis, "impact", None)
+    if imp is None or not len(imp.table):
+        return []
+    out = []
+    top = imp_mod.lead_row(imp.table)
+    if top is not None:
+        out.append(card("largest impact", ms(top["impact_ns_per_step"]), esc(imp_mod.who(top))))
+    for name, title in ((imp_mod.MEDIAN_RANK, "straggler-free step"), (imp_mod.GPU_ONLY, "GPU-only bound step")):
+        b = imp_mod.bound_row(imp.table, name)
+        if b is not None and b.get("removed_ns", 1) != 0:  # nothing to remove (one rank): no card
+            out.append(card(title, ms(b["replayed_step_ns"]), f"-{ms(b['impact_ns_per_step'])} per step"))
+    return out
 
 
 def _nav() -> str:
@@ -119,6 +166,46 @@ def _nav() -> str:
 
 
 # ---- sections ------------------------------------------------------------------------------
+def _impact_section(analysis, figures: Figures, anchor: str, title: str) -> str:
+    from profkit.analyze import impact as imp_mod
+
+    imp = getattr(analysis, "impact", None)
+    if imp is None:
+        return section(anchor, title, missing("Not computed: this analysis has no impact table."))
+    t = imp.table
+    if not len(t):
+        why = esc(imp.notes[0]) if imp.notes else "nothing to replay"
+        return section(anchor, title, missing(f"No impact: {why}."))
+    shown = t[t["kind"] != imp_mod.BOUND].head(data.MAX_PARETO_CAUSES)
+    body = ""
+    if len(shown):
+        body += figures.embed(figs.impact_bars(shown, int(t["ranks"].max())),
+                              "Bars: how much the mean serving step would drop without the cause (what-if replay "
+                              "through the sync points), whiskers its 95% interval over steps; grey: the GPU-idle "
+                              "time causes.csv charges to it per rank and step (its per_step_ns).")
+    rows = []
+    n_ranks = int(t["ranks"].max()) if len(t) else 1
+    for x in t.to_dict("records"):
+        ci = (f"{ms(x['impact_lo_ns'])} to {ms(x['impact_hi_ns'])}"
+              if pd.notna(x.get("impact_lo_ns")) and pd.notna(x.get("impact_hi_ns")) else "-")
+        charged = x.get("charged_ns")
+        per_step = float(charged) / (x["n_steps"] * max(n_ranks, 1)) if pd.notna(charged) and x.get("n_steps") else None
+        rows.append([esc(imp_mod.who(x)), esc(x["kind"]), ms(x["impact_ns_per_step"]), ci, ms(x["impact_p90_ns"]),
+                     pct(x["impact_share"]), ms(per_step), ms(x["replayed_step_ns"])])
+    body += table(["without", "kind", "mean step drop", "95% interval", "p90 drop", "of the gap to GPU-only",
+                   "charged per rank-step", "step would take"], rows,
+                  [False, False, True, True, True, True, True, True])
+    notes = [f"Mean serving step {ms(imp.base_mean_ns)}; gap to the GPU-only bound {ms(imp.gap_ns)}; "
+             f"{imp.n_points:,} replay points; baseline model residual {ms(imp.model_residual_ns)}."]
+    notes += [esc(n) for n in imp.notes]
+    body += "".join(f'<p class="caption">{n}</p>' for n in notes)
+    lead = ("What removing each cause would save, found by replaying every rank's timeline through its sync points "
+            "with that cause removed (the last arriver sets when a collective completes; waits are never removed, "
+            "they follow). Unlike the charged time below, a pause on one rank counts once, and host work hidden "
+            "behind the GPU or behind another rank's lateness counts nothing.")
+    return section(anchor, title, body, lead)
+
+
 def _steps_section(analysis, figures: Figures, anchor: str, title: str) -> str:
     steps = analysis.steps
     if not len(steps):
@@ -345,6 +432,7 @@ def _inputs_section(analysis, figures: Figures, anchor: str, title: str) -> str:
 
 
 _BUILDERS: dict[str, Callable[..., str]] = {
+    "impact": _impact_section,
     "steps": _steps_section,
     "causes": _causes_section,
     "stragglers": _stragglers_section,

@@ -117,6 +117,32 @@ def pareto(p: pd.DataFrame) -> go.Figure:
     return _layout(fig, 440)
 
 
+def impact_bars(t: pd.DataFrame, n_ranks: int = 1) -> go.Figure:
+    """Impact per cause (mean step drop with its interval) beside the time charged to it per rank
+    and step (``causes.csv``'s per_step_ns)."""
+    from profkit.analyze.impact import who
+
+    rows = t.to_dict("records")
+    names = unique_labels([who(r) for r in rows], 60)[::-1]
+    imp = t["impact_ns_per_step"].astype("float64").to_numpy()[::-1] / 1e6
+    lo = pd.to_numeric(t["impact_lo_ns"], errors="coerce").astype("float64").to_numpy()[::-1] / 1e6
+    hi = pd.to_numeric(t["impact_hi_ns"], errors="coerce").astype("float64").to_numpy()[::-1] / 1e6
+    n_steps = t["n_steps"].astype("float64").replace(0, np.nan).to_numpy()[::-1]
+    charged = pd.to_numeric(t["charged_ns"], errors="coerce").astype("float64").to_numpy()[::-1] / n_steps \
+        / max(n_ranks, 1) / 1e6
+    fig = go.Figure([
+        go.Bar(name="charged per rank-step (causes.csv)", y=names, x=charged, orientation="h", marker_color="#b0b7c3",
+               hovertemplate="%{y}: %{x:.3f} ms charged per rank and step<extra></extra>"),
+        go.Bar(name="mean step drop without it", y=names, x=imp, orientation="h", marker_color=STEP_COLOR,
+               error_x=dict(type="data", symmetric=False, array=np.nan_to_num(hi - imp),
+                            arrayminus=np.nan_to_num(imp - lo), color=LINE_COLOR),
+               hovertemplate="%{y}: step %{x:.3f} ms shorter<extra></extra>"),
+    ])
+    fig.update_yaxes(automargin=True)
+    fig.update_xaxes(title_text="ms per step")
+    return _layout(fig, 120 + 26 * len(rows), barmode="group")
+
+
 def heatmap(m: Matrix) -> go.Figure:
     """Rank x step matrix; height grows with the rank count up to a readable cap."""
     height = int(min(900, max(260, 60 + 14 * len(m.ranks))))

@@ -98,6 +98,9 @@ main { max-width:1280px; margin:0 auto; padding:18px 28px 40px; }
            font-size:17px; line-height:1.5; box-shadow:0 1px 2px rgba(0,0,0,.06); }
 .consistency { background:#fff4e5; border-left:5px solid #d9822b; padding:8px 14px; margin:0 0 10px; }
 .verdict b { font-weight:650; }
+.impact-verdict { background:#fff; border-left:5px solid #2e7d32; padding:14px 18px; margin:0 0 10px;
+                  font-size:17px; line-height:1.5; box-shadow:0 1px 2px rgba(0,0,0,.06); }
+.impact-verdict b { font-weight:650; }
 .cards { display:flex; flex-wrap:wrap; gap:10px; margin-bottom:10px; }
 .card { background:#fff; border:1px solid var(--line); border-radius:6px; padding:8px 14px; min-width:150px; }
 .card .k { color:var(--muted); font-size:12px; }

@@ -23,6 +23,11 @@ def render_summary(analysis) -> str:
     lines: list[str] = []
     n_ranks = len(analysis.ranks)
     lines.append(f"profkit {analysis.version}: {n_ranks} rank(s), {cap.event_count:,} events")
+    impact = getattr(analysis, "impact", None)
+    if impact is not None:  # the verdict leads with what removing the largest cause would save
+        from profkit.analyze.impact import verdict_lines
+
+        lines.extend(verdict_lines(impact))
     steps = analysis.steps
     if len(steps):
         total_step = steps["step_ns"].sum()

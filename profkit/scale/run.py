@@ -284,6 +284,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
     cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
     episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
+    # map 4 + reduce: each rank's replay program, then the what-if replay over all of them
+    impact = _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels, stats)
     charged = None
     if keep_aligned:
         charged = _concat([store.get(stages.charged_key(r)) for r in ranks], overhead._empty_charged())
@@ -311,6 +313,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         lateness=lateness,
         straggler_ranks=straggler_ranks(per_rank),
         straggler_episodes=episodes,
+        impact=impact,
         balance=balance,
         warnings=warnings,
         run_stats=stages.stats_frame(stats),
@@ -336,6 +339,30 @@ def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:
     if sample is not None and alignment is not None:
         sample = apply_alignment(sample, alignment.ranks)
     return decide_sync_names(pd.concat(facts, ignore_index=True), sample)
+
+
+def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels, stats):
+    """The impact table: per-rank programs on the executor, the replay on the driver."""
+    from profkit.analyze import impact as impact_mod
+    from profkit.analyze import impact_program
+
+    syncs = impact_program.syncs_from_arrivals(plan.arrivals)
+    by_rank = dict(iter(syncs.groupby("rank", sort=False))) if len(syncs) else {}
+    steps_by_rank = dict(iter(steps.groupby("rank", sort=False))) if len(steps) else {}
+    gpu_phases = frozenset(impact_mod.straggler_gpu_phases(per_rank))
+    res = ex.map(stages.impact_task,
+                 [(r, by_rank.get(r, impact_program.empty_syncs()), steps_by_rank.get(r), store, gpu_phases)
+                  for r in ranks], labels)
+    stats += [x.stats for x in res]
+    programs = [x.program for x in res]
+    for x in res:
+        x.program = None
+    straggler_list = straggler_ranks(per_rank)
+    try:
+        return impact_mod.impact_from_programs(programs, steps, causes=causes, cause_steps=cause_steps,
+                                               stragglers=per_rank, straggler_ranks=straggler_list)
+    except (ValueError, IndexError) as exc:  # a replay that cannot be built must not cost the other tables
+        return impact_mod.empty_impact(f"impact not computed: {exc}")
 
 
 def _trim() -> None:

@@ -9,6 +9,9 @@
     finish_task    (per rank)  -> time per phase in those windows; charged waits named after the
                                   last arriver, summarized per cause and per (step, cause)
     reduce: causes, stragglers, lateness, balance
+    impact_task    (per rank)  -> the rank's replay program (``analyze.impact_program``): tens of
+                                  points per step, from its timeline pieces and GPU activity
+    reduce: the what-if replay over all ranks' programs (``analyze.impact``)
 
 Every task is a plain function of picklable arguments and a store, so the serial loop, a
 process pool and Dask run the same code on the same inputs: the tables are the same bit for bit.
@@ -31,6 +34,7 @@ import pyarrow as pa
 from profkit import schema
 from profkit.align import Alignment, apply_alignment, drop_duplicate_spans
 from profkit.align.estimate import RankClockFacts, prepare_rank
+from profkit.analyze import impact_program
 from profkit.analyze import overhead
 from profkit.analyze import straggler_phases as ph_mod
 from profkit.analyze.balance import step_tokens
@@ -256,6 +260,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     store.put(charged_key(rank), charged)  # waits not yet named after the last arriver
     store.put(f"host-pieces-{rank}", host_pieces)
     store.put(f"gpu-pieces-{rank}", gpu_pieces)
+    store.put(gpu_ops_key(rank), impact_program.gpu_ops(events))
     if keep_aligned:
         store.put(aligned_key(rank), events)
     out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events),
@@ -303,9 +308,36 @@ def finish_task(rank: int, windows: dict[str, pd.DataFrame] | None, arrivals: pd
     return out
 
 
+# ---- stage 4: per rank, the replay program for the impact -------------------------------------
+def gpu_ops_key(rank: int) -> str:
+    return f"gpu-ops-{rank}"
+
+
+@dataclass
+class ImpactResult:
+    rank: int
+    program: "impact_program.RankProgram"
+    stats: TaskStats | None = None
+
+
+def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, store,
+                gpu_phases: frozenset[str] = frozenset()) -> ImpactResult:
+    """The rank's replay program (``impact_program.rank_program``): its sync points (``syncs``,
+    the rank's rows), steps, timeline pieces and GPU activity, as a few points per sync point;
+    removable GPU work only of ``gpu_phases`` (the stragglers' GPU phases)."""
+    t0 = time.perf_counter()
+    _maybe_die("impact", rank)
+    host, gpu, ops = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}"), store.get(gpu_ops_key(rank))
+    program = impact_program.rank_program(rank, syncs, steps if steps is not None else pd.DataFrame(), host, ops, gpu,
+                                          gpu_phases=gpu_phases)
+    out = ImpactResult(rank=rank, program=program)
+    out.stats = _stats("impact", rank, t0, len(host) + len(gpu) + len(ops))
+    return out
+
+
 def drop_rank_tables(store, rank: int) -> None:
     for key in (events_key(rank), charged_key(rank), candidates_key(rank), f"host-pieces-{rank}",
-                f"gpu-pieces-{rank}"):
+                f"gpu-pieces-{rank}", gpu_ops_key(rank)):
         store.drop(key)
 
 

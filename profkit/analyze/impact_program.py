@@ -1,0 +1,609 @@
+"""The replay's input: each rank's timeline as two lanes of points joined at the sync points.
+
+``impact_replay`` answers "how much faster would the step be without cause X" by replaying every
+rank's timeline with X removed. What it replays is built here, one rank at a time (on the
+executors of the scale path), as a small graph of **points** with observed times:
+
+- the **host lane** (the rank's launching threads, one sequence of host time): the rank's
+  start, step starts and ends, arrivals at and exits from blocking CPU sync points (Gloo, the DP
+  padding all-reduce), the host **anchors** of each GPU point (launches that gate it) and the
+  host's **resume** from each host sync (a synchronize, ``.item()``, a blocking copy);
+- the **GPU lane** (the rank's device, all streams): arrivals at and exits from GPU collectives
+  (NCCL / DeepEP kernels), and for each host sync the point where the GPU had finished what was
+  launched before it.
+
+Each point's time in a replay is the max over its incoming edges of (source's replayed time +
+the edge's observed length - the time removed on it), which in shift form (``delta`` = replayed
+minus observed time) reads ``delta(dst) = max_e(delta(src_e) - cut_e - slack_e)``:
+
+- host lane edge (previous host point -> this one): the host worked all along (``slack`` 0),
+  except into a resume, whose edge has the host's wait on the GPU as slack (an earlier host
+  waits longer); its removable time is the host's own work in between (``straggler_phases``
+  host pieces, each instant named once; waits and host time blocked on the GPU never);
+- GPU lane edge (previous GPU point -> this one): ``slack`` = the GPU's idle time in between (a
+  GPU path that gets earlier first fills that idle time); removable: GPU work of a named kernel
+  (``gpu:<kernel>`` pieces, e.g. a hot expert's extra GEMM time), for straggler rows;
+- anchor edges (host anchor -> GPU point): the GPU point cannot come before a launch plus the
+  GPU work from that kernel on. Two per point: the launch with the latest such bound (0 slack
+  when the GPU sat idle waiting for it) and the segment's first launch (the bound left when the
+  host's work between launches goes); GPU work removed after the kernel shortens them too;
+- GPU done -> resume: a host sync returns when the GPU has finished (slack: how long the GPU had
+  already been idle). Removing ``host_sync (X)`` removes the sync: that edge is dropped;
+- sync exit: every participant leaves an instance when its last participant arrives plus the
+  instance's own transfer time (measured: observed exit minus last arrival), i.e. ``delta(exit)
+  = max_q(delta(arrive_q) - (last arrival - arrive_q))``.
+
+So removing host time shifts the rest of that host's work earlier up to its next wait; the GPU
+follows only where it was waiting for that host; a rank that arrives earlier at a collective
+helps only if it was the last one, by what it led the next one. Nothing is removed outside the
+rank's steps (before the first, after the last). The ``slack`` of a point's edges is
+normalized so that the smallest is 0, so the baseline replay (nothing removed) reproduces every
+observed time exactly; ``residual_ns`` is what that normalization removed (0 when every point
+is explained by one of its paths, as on the simulator and the H200 captures).
+
+Limits, by construction: one host lane per rank (vLLM's engine-core and worker processes are
+merged, so work they overlap counts as sequential); a GPU point's bound from the host is kept
+for two launches, not all; sync points are only those ``syncs`` lists (a wait the analysis did
+not recognize as a sync is host work that can be removed).
+
+Inputs (all int64 ns on the aligned clock, one rank's rows each):
+
+- ``syncs``: ``SYNC_COLUMNS``, one row per (instance, rank) sync point the rank takes part in:
+  ``lane`` ``host`` (a blocking CPU collective) or ``gpu`` (a GPU collective), the rank's
+  ``arrive_ns`` (its own part done) and ``exit_ns`` (it leaves). ``syncs_from_arrivals`` is the
+  one adapter from profkit's tables (``straggler_arrivals.arrival_rows``) to it;
+- ``steps``: ``rank, step, start_ns, end_ns``;
+- ``host_pieces`` / ``gpu_pieces``: ``straggler_phases.timeline_pieces``;
+- ``gpu_ops``: ``gpu_ops`` of the rank's events (GPU activity with the host time of its launch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from profkit import schema
+from profkit.analyze import intervals as iv
+from profkit.analyze import straggler_phases as ph_mod
+from profkit.analyze.gpu import is_comm_kernel
+from profkit.analyze.overhead_layers import split_at
+
+HOST, GPU = 0, 1
+WAIT_ON_GPU = 2  # ``work`` rows of a host's wait on its GPU: removing the sync removes the wait
+LANE_NAMES = {"host": HOST, "gpu": GPU}
+# point kinds
+START, STEP_START, STEP_END, ARRIVE, EXIT, ANCHOR, GPU_DONE, RESUME = range(8)
+KIND_NAMES = ("start", "step_start", "step_end", "arrive", "exit", "anchor", "gpu_done", "resume")
+# edge kinds: along a lane (carries removable work), across lanes, a sync completion
+LANE, CROSS, SYNC = 0, 1, 2
+NO_SRC = -1  # a SYNC edge's source is the instance's completion, not a point
+
+SYNC_COLUMNS = ["instance", "rank", "lane", "arrive_ns", "exit_ns"]
+GPU_OP_COLUMNS = ["start_ns", "end_ns", "launch_ns", "comm"]
+NODE_COLUMNS = ["rank", "node", "time_ns", "lane", "kind", "instance", "step"]
+EDGE_COLUMNS = ["rank", "edge", "dst", "src", "kind", "slack_ns"]
+WORK_COLUMNS = ["rank", "edge", "step", "lane", "phase", "ns"]
+NO_LAUNCH = -1
+
+# ties at one instant, per lane: what must come first
+_HOST_TIE = {START: 0, EXIT: 1, RESUME: 2, STEP_END: 3, STEP_START: 4, ANCHOR: 5, ARRIVE: 6}
+_GPU_TIE = {START: 0, EXIT: 1, GPU_DONE: 2, ARRIVE: 3}
+
+
+# ---- the adapter ---------------------------------------------------------------------------
+def syncs_from_arrivals(arrivals: pd.DataFrame) -> pd.DataFrame:
+    """The replay's sync points from ``straggler_arrivals.arrival_rows`` (the measured complete
+    instances inside the capture window): the ONE place that turns profkit's arrival table into
+    ``SYNC_COLUMNS``. A GPU collective kernel is a GPU-lane point (start = arrival on the GPU,
+    end = exit); a blocking CPU collective span a host-lane point."""
+    if arrivals is None or not len(arrivals):
+        return empty_syncs()
+    lane = np.where(arrivals["source_kind"].astype(str).to_numpy() == "kernel", "gpu", "host")
+    out = pd.DataFrame({"instance": arrivals["instance"].to_numpy(np.int64),
+                        "rank": arrivals["rank"].to_numpy(np.int64), "lane": lane.astype(object),
+                        "arrive_ns": arrivals["start_ns"].to_numpy(np.int64),
+                        "exit_ns": np.maximum(arrivals["end_ns"].to_numpy(np.int64),
+                                              arrivals["start_ns"].to_numpy(np.int64))})
+    return out.sort_values(["rank", "arrive_ns", "instance"], kind="stable").reset_index(drop=True)
+
+
+def empty_syncs() -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series(dtype="int64") for c in SYNC_COLUMNS})
+    out["lane"] = out["lane"].astype(object)
+    return out
+
+
+# ---- per-rank GPU activity with launches -----------------------------------------------------
+def gpu_ops(events: pd.DataFrame) -> pd.DataFrame:
+    """The rank's GPU activity (kernels, copies, memsets) with the host time of the call that
+    launched each (joined by correlation within its process; ``NO_LAUNCH`` when unknown) and
+    whether it is communication. Sorted by start."""
+    if events is None or not len(events):
+        return _empty_ops()
+    kinds = events["kind"]
+    g = events[kinds.isin(schema.GPU_KINDS).to_numpy(dtype=bool)]
+    if not len(g):
+        return _empty_ops()
+    rt = events[(kinds == schema.RUNTIME).to_numpy(dtype=bool) & events["correlation"].notna().to_numpy(dtype=bool)]
+    launch = np.full(len(g), NO_LAUNCH, np.int64)
+    corr = g["correlation"]
+    has = corr.notna().to_numpy(dtype=bool)
+    if len(rt) and has.any():
+        key = pd.DataFrame({"pid": rt["pid"].fillna(-1).to_numpy(np.int64),
+                            "correlation": rt["correlation"].to_numpy(np.int64),
+                            "launch_ns": rt["start_ns"].to_numpy(np.int64)})
+        key = key.sort_values("launch_ns", kind="stable").drop_duplicates(["pid", "correlation"])
+        want = pd.DataFrame({"pid": g["pid"].fillna(-1).to_numpy(np.int64),
+                             "correlation": corr.fillna(-1).to_numpy(np.int64)})
+        got = want.merge(key, on=["pid", "correlation"], how="left")["launch_ns"]
+        miss = got.isna().to_numpy() & has
+        if miss.any():  # a kernel's pid may be its device: fall back to the correlation alone when unique
+            alone = key.drop_duplicates("correlation", keep=False).set_index("correlation")["launch_ns"]
+            got = got.where(~miss, want["correlation"].map(alone))
+        launch = got.fillna(NO_LAUNCH).to_numpy(np.int64)
+    comm = np.zeros(len(g), bool)
+    is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
+    if is_k.any():
+        comm[is_k] = is_comm_kernel(g["name"][is_k]) | g["coll_name"][is_k].notna().to_numpy(dtype=bool)
+    out = pd.DataFrame({"start_ns": g["start_ns"].to_numpy(np.int64), "end_ns": g["end_ns"].to_numpy(np.int64),
+                        "launch_ns": launch, "comm": comm})
+    return out.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+
+
+def _empty_ops() -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series(dtype="int64") for c in GPU_OP_COLUMNS})
+    out["comm"] = out["comm"].astype(bool)
+    return out
+
+
+# ---- the per-rank program ------------------------------------------------------------------
+@dataclass
+class RankProgram:
+    """One rank's points, their incoming edges and the removable work on each edge (small tables:
+    tens of points per step). ``residual_ns``: slack normalized away (see the module docstring)."""
+
+    rank: int
+    nodes: pd.DataFrame  # NODE_COLUMNS, in the rank's evaluation order (node = position)
+    edges: pd.DataFrame  # EDGE_COLUMNS
+    work: pd.DataFrame  # WORK_COLUMNS: removable time per (edge, phase); phases by name
+    residual_ns: int = 0
+    notes: tuple[str, ...] = ()
+
+
+# phases of the host timeline that are the host waiting, never work to remove
+def is_wait(phase: str, category: str | None = None) -> bool:
+    """The ONE classification of wait causes: time spent waiting for another rank or for the GPU
+    (``waiting for rank k``, ``wait:*``, ``transfer:*``, the host blocked while its GPU computes
+    ``gpu:*`` seen from the host). Waits are never removed by a replay: they shrink or grow as
+    a consequence of what is removed elsewhere."""
+    return ph_mod.is_victim_phase(phase, category) or category == ph_mod.GPU_CATEGORY
+
+
+def _waiting_on_gpu(phase: np.ndarray, category: np.ndarray) -> np.ndarray:
+    """Host pieces where the host is blocked while its GPU works (compute or communication)."""
+    return (category == ph_mod.GPU_CATEGORY) | (phase == "wait:collective (host sync)")
+
+
+def _blocked(phase: np.ndarray, category: np.ndarray) -> np.ndarray:
+    """Host pieces inside a blocking call on the GPU (waiting, or the sync call itself)."""
+    return _waiting_on_gpu(phase, category) | (category == "host_sync")
+
+
+def rank_program(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame, host_pieces: pd.DataFrame,
+                 gpu_ops_table: pd.DataFrame, gpu_pieces: pd.DataFrame,
+                 gpu_phases: set[str] | frozenset[str] | None = None) -> RankProgram:
+    """Build one rank's replay program (see the module docstring) from its own tables.
+
+    ``gpu_phases``: the ``gpu:<kernel>`` phases whose time to keep as removable work (the ones a
+    scenario may remove: the stragglers' GPU phases); None keeps every kernel's. The GPU lane's
+    structure (points, busy and idle time, anchors) does not depend on it."""
+    hp = host_pieces[host_pieces["rank"].to_numpy(np.int64) == rank] if len(host_pieces) else host_pieces
+    gp = gpu_pieces[gpu_pieces["rank"].to_numpy(np.int64) == rank] if len(gpu_pieces) else gpu_pieces
+    if gpu_phases is not None and len(gp):
+        gp = gp[gp["phase"].isin(list(gpu_phases)).to_numpy(dtype=bool)]
+    st = steps[steps["rank"].to_numpy(np.int64) == rank] if steps is not None and len(steps) else None
+    sy = syncs[syncs["rank"].to_numpy(np.int64) == rank] if len(syncs) else syncs
+    ops = gpu_ops_table
+    h_s, h_e = hp["start_ns"].to_numpy(np.int64), hp["end_ns"].to_numpy(np.int64)
+    h_ph = hp["phase"].astype(str).to_numpy(dtype=object)
+    h_cat = hp["category"].astype(str).to_numpy(dtype=object)
+    times = [h_s[:1], ops["start_ns"].to_numpy(np.int64)[:1], sy["arrive_ns"].to_numpy(np.int64)]
+    if st is not None and len(st):
+        times.append(st["start_ns"].to_numpy(np.int64))
+    t0 = int(min((int(t.min()) for t in times if t.size), default=0))
+
+    b = _Builder(rank, t0)
+    # sync points
+    for lane_name, lane in LANE_NAMES.items():
+        rows = sy[sy["lane"].astype(str).to_numpy() == lane_name]
+        for inst, a, x in zip(rows["instance"].to_numpy(np.int64), rows["arrive_ns"].to_numpy(np.int64),
+                              rows["exit_ns"].to_numpy(np.int64)):
+            b.add(lane, ARRIVE, int(a), instance=int(inst))
+            b.add(lane, EXIT, int(max(x, a + 1)), instance=int(inst))  # strictly after its arrival
+    # steps (read-off points on the host lane)
+    if st is not None and len(st):
+        for step, s, e in zip(st["step"].to_numpy(np.int64), st["start_ns"].to_numpy(np.int64),
+                              st["end_ns"].to_numpy(np.int64)):
+            b.add(HOST, STEP_START, int(s), step=int(step))
+            b.add(HOST, STEP_END, int(max(e, s)), step=int(step))
+    # the host waiting on its GPU: a GPU-done point and the host's resume
+    cpu_sync = _cpu_sync_intervals(sy)
+    busy = iv.union(ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64))
+    for s, g, sync_phase in _gpu_waits(h_s, h_e, h_ph, h_cat, cpu_sync, busy):
+        at = max(s, g)  # the sync's condition holds: the host is in it and the GPU is done
+        d = b.add(GPU, GPU_DONE, int(g))
+        r = b.add(HOST, RESUME, int(at))
+        b.resume_of[r] = (d, at - s, at - g)
+        if sync_phase:
+            b.sync_phase[r] = sync_phase
+    program = b.finish(ops, h_s, h_e, h_ph, h_cat, gp, st)
+    return program
+
+
+def _cpu_sync_intervals(sy: pd.DataFrame) -> iv.Intervals:
+    rows = sy[sy["lane"].astype(str).to_numpy() == "host"]
+    return iv.union(rows["arrive_ns"].to_numpy(np.int64), rows["exit_ns"].to_numpy(np.int64))
+
+
+def _gpu_waits(h_s, h_e, h_ph, h_cat, cpu_sync: iv.Intervals,
+               busy: iv.Intervals) -> list[tuple[int, int, str | None]]:
+    """(start, GPU done, the sync's name) of each host sync: a run of touching blocked host
+    pieces (a synchronize, a blocking copy, event polling). The host resumes when the GPU has
+    finished what was launched before: the end of the run's last piece during which the GPU
+    still worked, or, for a sync that found the GPU idle, the end of the GPU's last activity
+    before it (a dependency all the same: in a replay where the host gets there earlier, it
+    waits). The name is the run's ``host_sync (<span>)`` piece, None without one. Runs inside a
+    blocking CPU collective are not syncs with the GPU."""
+    if not h_s.size:
+        return []
+    blocked = _blocked(h_ph, h_cat)
+    waiting = _waiting_on_gpu(h_ph, h_cat)
+    if cpu_sync[0].size:  # inside a CPU collective the host waits for other ranks, not its GPU
+        j = np.searchsorted(cpu_sync[0], h_s, side="right") - 1
+        inside = (j >= 0) & (h_s < cpu_sync[1][np.maximum(j, 0)])
+        blocked &= ~inside
+        waiting &= ~inside
+    idx = np.flatnonzero(blocked)
+    if not idx.size:
+        return []
+    new = np.r_[True, (idx[1:] != idx[:-1] + 1) | (h_s[idx[1:]] != h_e[idx[:-1]])]
+    first = np.flatnonzero(new)
+    run_s = h_s[idx[first]]
+    g_wait = np.maximum.reduceat(np.where(waiting[idx], h_e[idx], np.iinfo(np.int64).min), first)
+    is_sync = h_cat[idx] == "host_sync"
+    pos = np.where(is_sync, np.arange(idx.size), idx.size)
+    first_sync = np.minimum.reduceat(pos, first)
+    # a sync that found the GPU idle: the GPU was done when its last activity before ended
+    b_s, b_e = busy
+    j = np.searchsorted(b_e, run_s, side="right") - 1
+    g_idle = np.where(j >= 0, b_e[np.maximum(j, 0)], np.iinfo(np.int64).min) if b_e.size else \
+        np.full(run_s.size, np.iinfo(np.int64).min, np.int64)
+    g = np.where(g_wait > np.iinfo(np.int64).min, g_wait, g_idle)
+    out = []
+    for k in np.flatnonzero(g > np.iinfo(np.int64).min):
+        name = str(h_ph[idx[first_sync[k]]]) if first_sync[k] < idx.size else None
+        out.append((int(run_s[k]), int(g[k]), name))
+    return out
+
+
+class _Builder:
+    """Collects points, orders them, wires the edges and sums the removable work per edge."""
+
+    def __init__(self, rank: int, t0: int):
+        self.rank = rank
+        self.t0 = t0
+        self.lane: list[int] = [HOST]
+        self.kind: list[int] = [START]
+        self.time: list[int] = [t0]
+        self.instance: list[int] = [-1]
+        self.step: list[int] = [-1]
+        self.resume_of: dict[int, tuple[int, int, int]] = {}  # resume -> (its GPU-done point, host wait, GPU idle)
+        self.sync_phase: dict[int, str] = {}  # resume point -> the name of the sync it waited in
+        self.notes: list[str] = []
+
+    def add(self, lane: int, kind: int, t: int, instance: int = -1, step: int = -1) -> int:
+        self.lane.append(lane)
+        self.kind.append(kind)
+        self.time.append(max(int(t), self.t0))
+        self.instance.append(instance)
+        self.step.append(step)
+        return len(self.kind) - 1
+
+    # -- anchors of the GPU points -------------------------------------------------------------
+    def _anchors(self, ops: pd.DataFrame, gpu_pts: np.ndarray, prev_t: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per GPU point (arrival or GPU done) at ``t`` with the previous GPU point at ``prev_t``:
+        the GPU's busy time in between, and the launches that gate it. For each op starting in
+        [prev_t, t]: ``h_j = launch_j + latency_j + busy(start_j, t)`` (latency: the observed one
+        where the GPU sat idle waiting for that op, else the rank's typical minimum), the
+        earliest the point could be if the GPU ran from op j on without a gap. Two anchors are
+        kept: the op with the largest ``h_j`` (the launch that set the point; its slack is ~0
+        when the GPU waited for it) and the segment's first op (what bounds the point when the
+        host's work between launches is removed: every later launch moves with it). Returns
+        (busy, anchor times (n, 2) or NO_LAUNCH, their slacks (n, 2), their ops' starts (n, 2))."""
+        t = np.asarray([self.time[i] for i in gpu_pts], np.int64)
+        n = t.size
+        s, e = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+        busy_iv = iv.union(s, e)
+        busy = iv.covered_between(busy_iv, prev_t, t) if n else np.empty(0, np.int64)
+        anchor_t = np.full((n, 2), NO_LAUNCH, np.int64)
+        anchor_slack = np.zeros((n, 2), np.int64)
+        anchor_s = np.zeros((n, 2), np.int64)
+        launch = ops["launch_ns"].to_numpy(np.int64)
+        ok = (launch != NO_LAUNCH) & (launch <= s)
+        if not n or not ok.any():
+            return busy, anchor_t, anchor_slack, anchor_s
+        s, launch = s[ok], launch[ok]
+        gated = np.isin(s, busy_iv[0])  # the GPU was idle until this op started: it waited for the launch
+        lat = s - launch
+        lat_min = max(int(np.quantile(lat[gated], 0.05)) if gated.any() else int(lat.min()), 0)
+        lat = np.where(gated, lat, np.minimum(lat, lat_min))
+        # the GPU point each op leads to: the first GPU point at or after its start
+        order = np.argsort(t, kind="stable")
+        ts = t[order]
+        seg = np.searchsorted(ts, s, side="left")
+        inside = seg < n
+        seg = np.where(inside, seg, 0)
+        pt = order[seg]
+        inside &= s >= prev_t[pt]
+        if not inside.any():
+            return busy, anchor_t, anchor_slack, anchor_s
+        s, launch, lat, pt = s[inside], launch[inside], lat[inside], pt[inside]
+        h = launch + lat + iv.covered_between(busy_iv, s, t[pt])
+        for col, key in ((0, -h), (1, s)):  # per point: the largest h; the earliest op
+            best = np.lexsort((key, pt))
+            first = np.r_[True, pt[best][1:] != pt[best][:-1]]
+            pick = best[first]
+            anchor_t[pt[pick], col] = launch[pick]
+            anchor_slack[pt[pick], col] = np.maximum(t[pt[pick]] - h[pick], 0)
+            anchor_s[pt[pick], col] = s[pick]
+        same = anchor_t[:, 1] == anchor_t[:, 0]
+        anchor_t[same, 1] = NO_LAUNCH
+        return busy, anchor_t, anchor_slack, anchor_s
+
+    def finish(self, ops, h_s, h_e, h_ph, h_cat, gp, st) -> RankProgram:
+        lane = np.asarray(self.lane, np.int64)
+        kind = np.asarray(self.kind, np.int64)
+        time = np.asarray(self.time, np.int64)
+        # GPU lane order, then anchors for its arrivals and GPU-done points
+        gpu_idx = np.flatnonzero((lane == GPU) | (kind == START))
+        gpu_idx = gpu_idx[np.lexsort(([_GPU_TIE[k] for k in kind[gpu_idx]], time[gpu_idx]))]
+        gpu_prev = np.r_[-1, gpu_idx[:-1]]
+        need = np.isin(kind[gpu_idx], (ARRIVE, GPU_DONE))
+        pts, prevs = gpu_idx[need], gpu_prev[need]
+        busy, a_t, a_slack, a_s = self._anchors(ops, pts, time[prevs])
+        anchor_of: dict[int, list[tuple[int, int, int, int]]] = {}  # point -> (anchor, slack, op start, which)
+        for p, t_a, sl, st_a in zip(pts, a_t, a_slack, a_s):
+            for k in range(2):
+                if t_a[k] != NO_LAUNCH:
+                    a = self.add(HOST, ANCHOR, int(min(t_a[k], time[p])))
+                    anchor_of.setdefault(int(p), []).append((a, int(sl[k]), int(st_a[k]), k))
+        lane = np.asarray(self.lane, np.int64)
+        kind = np.asarray(self.kind, np.int64)
+        time = np.asarray(self.time, np.int64)
+        host_idx = np.flatnonzero((lane == HOST) & (kind != START))
+        host_idx = np.r_[0, host_idx[np.lexsort(([_HOST_TIE[k] for k in kind[host_idx]], time[host_idx]))]]
+        host_prev = dict(zip(host_idx[1:].tolist(), host_idx[:-1].tolist()))
+        gprev = dict(zip(gpu_idx[1:].tolist(), gpu_idx[:-1].tolist()))
+        gbusy = dict(zip(pts.tolist(), busy.tolist()))
+
+        # incoming edges per point (old ids): (src, kind, slack, lane of work or -1, anchor op start, which)
+        ins: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
+        for p in range(1, len(kind)):
+            k, ln = int(kind[p]), int(lane[p])
+            if k == EXIT:
+                ins[p] = [(NO_SRC, SYNC, 0, -1, -1, -1)]
+                continue
+            if ln == HOST:
+                src = host_prev[p]
+                wait = self.resume_of.get(p)
+                slack = min(wait[1], int(time[p] - time[src])) if wait else 0
+                ins[p] = [(src, LANE, max(slack, 0), HOST, -1, -1)]
+                if wait:
+                    ins[p].append((wait[0], CROSS, max(wait[2], 0), -1, -1, -1))
+            else:
+                src = gprev[p]
+                idle = max(int(time[p] - time[src]) - int(gbusy.get(p, 0)), 0)
+                ins[p] = [(src, LANE, idle, GPU, -1, -1)]
+                for a, sl, op_start, k in anchor_of.get(p, ()):
+                    ins[p].append((a, CROSS, sl, -1, op_start, k))
+        order = self._order(kind, lane, time, ins, host_idx, gpu_idx)
+        new_id = np.empty(len(kind), np.int64)
+        new_id[order] = np.arange(len(order))
+        # normalize: the smallest slack into each point is 0 (the baseline reproduces observed times)
+        residual = 0
+        e_dst, e_src, e_kind, e_slack, e_lane, e_from, e_which = [], [], [], [], [], [], []
+        for p in order[1:]:
+            edges = ins[int(p)]
+            m = min(e[2] for e in edges)
+            residual += m
+            for src, ek, sl, wl, op_start, k in edges:
+                e_dst.append(new_id[p])
+                e_src.append(new_id[src] if src != NO_SRC else NO_SRC)
+                e_kind.append(ek)
+                e_slack.append(sl - m)
+                e_lane.append(wl)
+                e_from.append(op_start)
+                e_which.append(k)
+        n_e = len(e_dst)
+        edges = pd.DataFrame({"rank": np.full(n_e, self.rank, np.int64), "edge": np.arange(n_e, dtype=np.int64),
+                              "dst": np.asarray(e_dst, np.int64), "src": np.asarray(e_src, np.int64),
+                              "kind": np.asarray(e_kind, np.int64), "slack_ns": np.asarray(e_slack, np.int64)})
+        nodes = pd.DataFrame({"rank": np.full(len(order), self.rank, np.int64),
+                              "node": np.arange(len(order), dtype=np.int64),
+                              "time_ns": time[order], "lane": lane[order], "kind": kind[order],
+                              "instance": np.asarray(self.instance, np.int64)[order],
+                              "step": np.asarray(self.step, np.int64)[order]})
+        e_lane = np.asarray(e_lane, np.int64)
+        anchor_ops = (np.asarray(e_from, np.int64), np.asarray(e_which, np.int64))
+        work = self._work(nodes, edges, e_lane, anchor_ops, h_s, h_e, h_ph, h_cat, gp, st)
+        if self.sync_phase:  # the waits of named syncs: gone when the sync is removed
+            cross_into = {int(d): i for i, (d, k) in enumerate(zip(e_dst, e_kind)) if k == CROSS}
+            rows = []
+            for p, name in self.sync_phase.items():
+                e = cross_into.get(int(new_id[p]))
+                if e is not None:
+                    rows.append((e, name, self.resume_of[p][1], int(time[p])))
+            if rows:
+                ids, names, ns, at = (np.asarray(x) for x in zip(*rows))
+                extra = pd.DataFrame({"rank": np.full(len(rows), self.rank, np.int64), "edge": ids.astype(np.int64),
+                                      "step": _step_at(st, at.astype(np.int64)), "lane": WAIT_ON_GPU,
+                                      "phase": names.astype(object), "ns": ns.astype(np.int64)})
+                work = pd.concat([work, extra], ignore_index=True) if len(work) else extra
+        return RankProgram(self.rank, _compact(nodes, NODE_DTYPES), _compact(edges, EDGE_DTYPES),
+                           _compact(work, WORK_DTYPES), int(residual), tuple(self.notes))
+
+    def _order(self, kind, lane, time, ins, host_idx, gpu_idx) -> np.ndarray:
+        """Merge the two lanes into one evaluation order in which every source comes first
+        (by time; a point whose cross-lane source is not yet placed waits for it)."""
+        hl = host_idx.tolist()
+        gl = gpu_idx[1:].tolist()  # START is host_idx[0]
+        placed = np.zeros(len(kind), bool)
+        out = [0]
+        placed[0] = True
+        i = j = 0
+
+        def ready(p: int) -> bool:
+            return all(e[0] == NO_SRC or placed[e[0]] for e in ins[p])
+
+        i = 1
+        forced = 0
+        while i < len(hl) or j < len(gl):
+            cand = []
+            if i < len(hl) and ready(hl[i]):
+                cand.append((time[hl[i]], 0, hl[i]))
+            if j < len(gl) and ready(gl[j]):
+                cand.append((time[gl[j]], 1, gl[j]))
+            if not cand:  # clocks disagree about an instant: drop the cross edge of the earlier head
+                heads = [(time[hl[i]], 0, hl[i])] if i < len(hl) else []
+                heads += [(time[gl[j]], 1, gl[j])] if j < len(gl) else []
+                _, _, p = min(heads)
+                ins[p] = [e for e in ins[p] if e[1] != CROSS or placed[e[0]]]
+                forced += 1
+                continue
+            _, which, p = min(cand)
+            out.append(p)
+            placed[p] = True
+            if which == 0:
+                i += 1
+            else:
+                j += 1
+        if forced:
+            self.notes.append(f"rank {self.rank}: {forced} cross-lane edge(s) dropped where clocks disagreed")
+        return np.asarray(out, np.int64)
+
+    def _work(self, nodes, edges, e_lane, anchor_ops, h_s, h_e, h_ph, h_cat, gp, st) -> pd.DataFrame:
+        """Removable time per (edge, phase): host pieces on host-lane edges (waits left out),
+        ``gpu:<kernel>`` pieces on GPU-lane edges, each clipped to the edge's time range, and on
+        each anchor edge the ``gpu:<kernel>`` pieces from its op's start to its point (GPU work
+        removed there also shortens the path from that launch)."""
+        t = nodes["time_ns"].to_numpy(np.int64)
+        dst, src = edges["dst"].to_numpy(np.int64), edges["src"].to_numpy(np.int64)
+        eid = edges["edge"].to_numpy(np.int64)
+        lo_t, hi_t = t[src].copy(), t[dst].copy()
+        if st is not None and len(st):  # nothing is removed before the first step or after the last
+            first, last = int(st["start_ns"].min()), int(st["end_ns"].max())
+            lo_t, hi_t = np.maximum(lo_t, first), np.minimum(hi_t, last)
+        parts = []
+        for wl, pieces in ((HOST, (h_s, h_e, h_ph, h_cat)), (GPU, _pieces_arrays(gp))):
+            m = (e_lane == wl) & (src >= 0)
+            ps, pe, ph, cat = pieces
+            if not m.any() or not ps.size:
+                continue
+            keep = ~(_wait_mask(ph, cat) | _waiting_on_gpu(ph, cat)) if wl == HOST else np.ones(ps.size, bool)
+            got = _window_sums(ps[keep], pe[keep], ph[keep], lo_t[m], hi_t[m], eid[m])
+            if got is not None:
+                parts.append((wl,) + got)
+            if wl == GPU:
+                kinds = edges["kind"].to_numpy(np.int64)
+                for which in (0, 1):  # anchors of one kind have disjoint windows
+                    a = (kinds == CROSS) & (anchor_ops[1] == which)
+                    if a.any():
+                        got = _window_sums(ps, pe, ph, np.maximum(anchor_ops[0][a], lo_t[a]), hi_t[a], eid[a])
+                        if got is not None:
+                            parts.append((wl,) + got)
+        if not parts:
+            return _empty_work()
+        lane = np.concatenate([np.full(p[1].size, p[0], np.int64) for p in parts])
+        edge = np.concatenate([p[1] for p in parts])
+        phase = np.concatenate([p[2] for p in parts])
+        ns = np.concatenate([p[3] for p in parts])
+        step = _step_at(st, t[dst[edge]])  # edge ids are row numbers of ``edges``
+        return pd.DataFrame({"rank": np.full(edge.size, self.rank, np.int64), "edge": edge, "step": step,
+                             "lane": lane, "phase": phase, "ns": ns})
+
+
+def _window_sums(ps, pe, ph, ws, we, wid) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Time per phase of sorted disjoint pieces inside each window (windows sorted and disjoint:
+    consecutive edges of one lane), as (window id, phase, ns) arrays."""
+    ok = we > ws
+    ws, we, wid = ws[ok], we[ok], wid[ok]
+    if not ps.size or not ws.size:
+        return None
+    cuts = iv.unique_sorted(np.concatenate([ws, we]))
+    s, e, owner = split_at(ps, pe, cuts)
+    w = np.searchsorted(ws, s, side="right") - 1
+    inside = (w >= 0) & (e > s)
+    inside[inside] &= e[inside] <= we[w[inside]]
+    if not inside.any():
+        return None
+    codes, names = pd.factorize(pd.Series(ph, dtype=object))
+    key = w[inside] * np.int64(max(len(names), 1)) + codes[owner[inside]]
+    uniq, inv = np.unique(key, return_inverse=True)
+    ns = np.bincount(inv, weights=(e[inside] - s[inside]).astype(np.float64)).astype(np.int64)
+    k = max(len(names), 1)
+    return wid[uniq // k], np.asarray(names, dtype=object)[uniq % k], ns
+
+
+def _wait_mask(ph: np.ndarray, cat: np.ndarray) -> np.ndarray:
+    """``is_wait`` of each piece, decided once per distinct (phase, category)."""
+    if not ph.size:
+        return np.zeros(0, bool)
+    codes, uniq = pd.factorize(pd.Series(ph.astype(str)) + "\x00" + pd.Series(cat.astype(str)))
+    flags = np.array([is_wait(*u.split("\x00", 1)) for u in uniq], bool)
+    return flags[codes]
+
+
+def _pieces_arrays(p: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    if p is None or not len(p):
+        z = np.empty(0, np.int64)
+        return z, z, np.empty(0, object), np.empty(0, object)
+    return (p["start_ns"].to_numpy(np.int64), p["end_ns"].to_numpy(np.int64),
+            p["phase"].astype(str).to_numpy(dtype=object), p["category"].astype(str).to_numpy(dtype=object))
+
+
+def _step_at(st: pd.DataFrame | None, t: np.ndarray) -> np.ndarray:
+    """The step each time falls in (start <= t <= end; -1 outside every step)."""
+    out = np.full(t.size, -1, np.int64)
+    if st is None or not len(st) or not t.size:
+        return out
+    s = st.sort_values("start_ns")
+    ss, se, sn = (s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64), s["step"].to_numpy(np.int64))
+    j = np.searchsorted(ss, t, side="right") - 1
+    ok = (j >= 0) & (t <= se[np.maximum(j, 0)])
+    out[ok] = sn[j[ok]]
+    return out
+
+
+# what a program's tables hold at most: tens of points per step, so int32 ids and steps; times int64
+NODE_DTYPES = {"rank": "int32", "node": "int32", "time_ns": "int64", "lane": "int8", "kind": "int8",
+               "instance": "int64", "step": "int64"}
+EDGE_DTYPES = {"rank": "int32", "edge": "int32", "dst": "int32", "src": "int32", "kind": "int8", "slack_ns": "int64"}
+WORK_DTYPES = {"rank": "int32", "edge": "int32", "step": "int64", "lane": "int8", "ns": "int64"}
+
+
+def _compact(df: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
+    """The table in small integer types (the driver holds every rank's); phases stay shared
+    Python strings (one object per distinct name, pickled once)."""
+    out = df.astype({c: t for c, t in dtypes.items() if c in df.columns})
+    if "phase" in out:
+        codes, names = pd.factorize(out["phase"].to_numpy(dtype=object))
+        out["phase"] = pd.Series(np.asarray(list(names), dtype=object)[codes] if len(out) else [], dtype=object,
+                                 index=out.index)
+    return out
+
+
+def _empty_work() -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series(dtype="int64") for c in WORK_COLUMNS})
+    out["phase"] = out["phase"].astype(object)
+    return out

@@ -1,0 +1,239 @@
+"""The what-if replay: every rank's points (``impact_program``) re-timed with some work removed.
+
+Pure numpy over the programs of all ranks. The points of one rank are evaluated in their order;
+ranks advance together in a wavefront (one point per rank per round), and a rank waits at a
+sync exit until every participant's arrival has been evaluated. Every scenario is a column of
+the same arrays, so one pass replays them all. Each round is a few vector operations over
+(ranks x scenarios): the cost grows with the points per rank (tens per step), not with the
+number of ranks.
+
+Shift form (see ``impact_program``): ``delta`` = replayed - observed time, int64 ns.
+``cut`` (removed ns) per edge and per scenario; ``node_cut`` per point (a rank's arrival made
+earlier by a fixed amount: the straggler-free bound).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from profkit.analyze import impact_program as prog
+
+NEG = np.iinfo(np.int64).min // 4  # "no such edge": never the max, never overflows when shifted
+IN = 3  # incoming edges per point at most: its lane, and two anchors (a GPU point) or its GPU (a resume)
+
+
+@dataclass
+class WorkArrays:
+    """The removable work of all ranks as numpy (phases coded once: ``names[code]``)."""
+
+    rank: np.ndarray
+    edge: np.ndarray  # global edge id
+    step: np.ndarray
+    lane: np.ndarray
+    code: np.ndarray
+    ns: np.ndarray
+    names: np.ndarray
+    median_share: np.ndarray | None = None  # cache of ``impact._median_step_share``
+
+    @property
+    def size(self) -> int:
+        return int(self.ns.size)
+
+    def code_of(self, phase: str) -> int:
+        hit = np.flatnonzero(self.names == phase)
+        return int(hit[0]) if hit.size else -1
+
+    @classmethod
+    def of(cls, work: pd.DataFrame) -> "WorkArrays":
+        codes, names = pd.factorize(work["phase"].to_numpy(dtype=object)) if len(work) else (np.empty(0, np.int64), [])
+        return cls(rank=work["rank"].to_numpy(np.int64), edge=work["gedge"].to_numpy(np.int64),
+                   step=work["step"].to_numpy(np.int64), lane=work["lane"].to_numpy(np.int64),
+                   code=np.asarray(codes, np.int64), ns=work["ns"].to_numpy(np.int64),
+                   names=np.asarray(list(names), dtype=object))
+
+
+@dataclass
+class ReplayGraph:
+    """All ranks' programs with global point and edge ids."""
+
+    nodes: pd.DataFrame  # NODE_COLUMNS + gid, in rank order then evaluation order
+    offsets: np.ndarray  # (ranks + 1,) first gid of each rank's points
+    ranks: np.ndarray  # rank of each block
+    in_src: np.ndarray  # (n, IN) gid of each incoming edge's source; -1 none; SYNC edges have none
+    in_edge: np.ndarray  # (n, IN) global edge id (row of ``edges``), -1 none
+    in_slack: np.ndarray  # (n, IN)
+    is_exit: np.ndarray  # (n,)
+    is_arrive: np.ndarray  # (n,)
+    inst: np.ndarray  # (n,) compact instance index of arrivals and exits, -1 otherwise
+    arr_nodes: np.ndarray  # arrivals sorted by instance (CSR over instances)
+    arr_slack: np.ndarray  # last arrival - this arrival
+    arr_bounds: np.ndarray  # (instances + 1,)
+    edges: pd.DataFrame  # EDGE_COLUMNS + gid, gsrc, gdst
+    work: WorkArrays
+    residual_ns: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return int(self.offsets[-1])
+
+
+def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
+    """Join the ranks' programs: global ids, the arrivals of every instance."""
+    programs = sorted((p for p in programs if p is not None and len(p.nodes)), key=lambda p: p.rank)
+    sizes = np.array([len(p.nodes) for p in programs], np.int64)
+    offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+    n = int(offsets[-1])
+    if not n:
+        return _empty_graph()
+    nodes = pd.concat([p.nodes for p in programs], ignore_index=True).astype(
+        {"rank": "int64", "node": "int64", "lane": "int64", "kind": "int64"})
+    nodes["gid"] = np.arange(n, dtype=np.int64)
+    e_parts, w_parts, base_e = [], [], 0
+    for p, off in zip(programs, offsets[:-1]):
+        e = p.edges.astype({"rank": "int64", "edge": "int64", "dst": "int64", "src": "int64", "kind": "int64"})
+        e["gid"] = e["edge"].to_numpy(np.int64) + base_e
+        e["gdst"] = e["dst"].to_numpy(np.int64) + off
+        src = e["src"].to_numpy(np.int64)
+        e["gsrc"] = np.where(src >= 0, src + off, -1)
+        e_parts.append(e)
+        if len(p.work):
+            w = p.work.astype({"rank": "int64", "edge": "int64", "lane": "int64"})
+            w["gedge"] = w["edge"].to_numpy(np.int64) + base_e
+            w_parts.append(w)
+        base_e += len(p.edges)
+    edges = pd.concat(e_parts, ignore_index=True)
+    work = (pd.concat(w_parts, ignore_index=True) if w_parts
+            else prog._empty_work().assign(gedge=pd.Series(dtype="int64")))
+    in_src = np.full((n, IN), -1, np.int64)
+    in_edge = np.full((n, IN), -1, np.int64)
+    in_slack = np.zeros((n, IN), np.int64)
+    gdst = edges["gdst"].to_numpy(np.int64)
+    slot = pd.Series(gdst).groupby(gdst).cumcount().to_numpy(np.int64)
+    if (slot >= IN).any():
+        raise ValueError(f"impact replay: a point with more than {IN} incoming edges")
+    in_src[gdst, slot] = edges["gsrc"].to_numpy(np.int64)
+    in_edge[gdst, slot] = edges["gid"].to_numpy(np.int64)
+    in_slack[gdst, slot] = edges["slack_ns"].to_numpy(np.int64)
+    kind = nodes["kind"].to_numpy(np.int64)
+    is_exit = kind == prog.EXIT
+    is_arrive = kind == prog.ARRIVE
+    raw_inst = nodes["instance"].to_numpy(np.int64)
+    inst = np.full(n, -1, np.int64)
+    sync = is_exit | is_arrive
+    uniq, compact = np.unique(raw_inst[sync], return_inverse=True)
+    inst[sync] = compact
+    arr = np.flatnonzero(is_arrive)
+    arr = arr[np.argsort(inst[arr], kind="stable")]
+    counts = np.bincount(inst[arr], minlength=uniq.size)
+    bounds = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    t = nodes["time_ns"].to_numpy(np.int64)
+    last = np.maximum.reduceat(t[arr], bounds[:-1][counts > 0]) if arr.size else np.empty(0, np.int64)
+    # (reduceat over the non-empty instances only: every instance has its arrivals, see below)
+    last_of = np.zeros(uniq.size, np.int64)
+    last_of[counts > 0] = last
+    arr_slack = last_of[inst[arr]] - t[arr]
+    notes = [note for p in programs for note in p.notes]
+    # an exit whose instance has no arrival would never be released
+    orphan = is_exit & (counts[np.maximum(inst, 0)] == 0) if uniq.size else is_exit
+    if orphan.any():
+        raise ValueError("impact replay: a sync exit without arrivals")
+    return ReplayGraph(nodes=nodes, offsets=offsets, ranks=np.array([p.rank for p in programs], np.int64),
+                       in_src=in_src, in_edge=in_edge, in_slack=in_slack, is_exit=is_exit, is_arrive=is_arrive,
+                       inst=inst, arr_nodes=arr, arr_slack=arr_slack, arr_bounds=bounds, edges=edges,
+                       work=WorkArrays.of(work),
+                       residual_ns=int(sum(p.residual_ns for p in programs)), notes=notes)
+
+
+def _empty_graph() -> ReplayGraph:
+    z2 = np.zeros((0, IN), np.int64)
+    z = np.zeros(0, np.int64)
+    nodes = pd.DataFrame({c: pd.Series(dtype="int64") for c in prog.NODE_COLUMNS + ["gid"]})
+    edges = pd.DataFrame({c: pd.Series(dtype="int64") for c in prog.EDGE_COLUMNS + ["gid", "gdst", "gsrc"]})
+    work = WorkArrays.of(prog._empty_work().assign(gedge=pd.Series(dtype="int64")))
+    return ReplayGraph(nodes, np.zeros(1, np.int64), z, z2, z2.copy(), z2.copy(), z.astype(bool), z.astype(bool), z,
+                       z, z, np.zeros(1, np.int64), edges, work)
+
+
+def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """Shift of every point per scenario: ``cut`` (edges x scenarios, ns removed on each edge),
+    ``node_cut`` (points x scenarios, ns a point is made earlier). Returns (deltas (points x
+    scenarios), number of instances released early where clocks disagreed about an order)."""
+    n = g.n
+    s_count = cut.shape[1] if cut.ndim == 2 else 1
+    delta = np.zeros((n, s_count), np.int64)
+    if not n:
+        return delta, 0
+    n_inst = g.arr_bounds.size - 1
+    comp = np.zeros((max(n_inst, 1), s_count), np.int64)
+    released = np.zeros(max(n_inst, 1), bool)  # (one spare slot: indexing with -1 -> 0 never fails)
+    seen = np.zeros(max(n_inst, 1), np.int64)
+    need = np.diff(g.arr_bounds)
+    ptr = g.offsets[:-1].copy()
+    end = g.offsets[1:]
+    forced = 0
+    has_edge = g.in_edge >= 0
+    edge_idx = np.maximum(g.in_edge, 0)
+    src_idx = np.maximum(g.in_src, 0)
+    has_src = g.in_src >= 0
+    while True:
+        act = np.flatnonzero(ptr < end)
+        if not act.size:
+            break
+        cur = ptr[act]
+        ex = g.is_exit[cur]
+        blocked = ex & ~released[np.maximum(g.inst[cur], 0)]
+        if blocked.all():  # clocks disagree about the order of two instances: release the earliest
+            k = _earliest(g, cur[blocked])
+            _release(g, comp, delta, ptr, k, partial=True)
+            released[k] = True
+            forced += 1
+            continue
+        go = cur[~blocked]
+        lane_pts = go[~g.is_exit[go]]
+        if lane_pts.size:
+            src_ok = has_src[lane_pts]
+            val = delta[src_idx[lane_pts]] - g.in_slack[lane_pts][:, :, None]  # (k, IN, S)
+            val -= np.where(has_edge[lane_pts][:, :, None], cut[edge_idx[lane_pts]], 0)
+            val = np.where(src_ok[:, :, None], val, NEG)
+            best = val.max(axis=1)
+            best = np.where(src_ok.any(axis=1)[:, None], best, 0)  # the start: no edge, no shift
+            if node_cut is not None:
+                best -= node_cut[lane_pts]
+            delta[lane_pts] = best
+            arrivals = lane_pts[g.is_arrive[lane_pts]]
+            if arrivals.size:
+                np.add.at(seen, g.inst[arrivals], 1)
+                done = np.unique(g.inst[arrivals])
+                done = done[(seen[done] == need[done]) & ~released[done]]
+                for k in done:
+                    _release(g, comp, delta, ptr, int(k), partial=False)
+                released[done] = True
+        exits = go[g.is_exit[go]]
+        if exits.size:
+            delta[exits] = comp[g.inst[exits]]
+        ptr[act[~blocked]] += 1
+    return delta, forced
+
+
+def _release(g: ReplayGraph, comp, delta, ptr, k: int, partial: bool) -> None:
+    """The completion shift of instance ``k``: the latest shifted arrival (relative to the last
+    observed one). ``partial``: only the arrivals already evaluated count."""
+    a, b = g.arr_bounds[k], g.arr_bounds[k + 1]
+    nodes = g.arr_nodes[a:b]
+    slack = g.arr_slack[a:b]
+    if partial:
+        rank_block = np.searchsorted(g.offsets, nodes, side="right") - 1
+        ok = nodes < ptr[rank_block]
+        nodes, slack = nodes[ok], slack[ok]
+        if not nodes.size:
+            comp[k] = 0
+            return
+    comp[k] = (delta[nodes] - slack[:, None]).max(axis=0)
+
+
+def _earliest(g: ReplayGraph, exits: np.ndarray) -> int:
+    t = g.nodes["time_ns"].to_numpy(np.int64)[exits]
+    return int(g.inst[exits[int(np.argmin(t))]])
