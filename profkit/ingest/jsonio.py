@@ -19,7 +19,7 @@ import re
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -371,12 +371,15 @@ class TraceJSON:
     def _eof(self) -> bool:
         return self._stream is None or self._stream.eof
 
-    def chunks(self, chunk_bytes: int | None = None) -> Iterator[list]:
+    def chunks(self, chunk_bytes: int | None = None, decode: Callable[[Any], list | None] | None = None) -> Iterator[list]:
         """Yield the events as lists; sets ``header`` once the tail is read.
 
+        ``decode`` turns one piece (a JSON array's bytes) into its events, or None when the bytes
+        are not JSON (default: orjson into dicts; ``typedjson.decode_piece`` into structs).
         Raises ChunkingFailed (possibly after yielding) when a cut does not verify.
         """
         chunk_bytes = chunk_bytes or CHUNK_BYTES
+        decode = decode or _orjson_list
         if self.whole_events is not None:
             yield self.whole_events
             return
@@ -405,7 +408,7 @@ class TraceJSON:
                 for _ in range(_MAX_RETRIES):
                     if m is None:
                         break
-                    events = _parse_piece(buf, view, m.start() + 1)
+                    events = _parse_piece(buf, view, m.start() + 1, decode)
                     if events is not None:
                         break
                     m = _CUT.search(buf, m.end(), 1 + n)
@@ -428,12 +431,12 @@ class TraceJSON:
                 view[1 : 1 + rest] = view[start : start + rest]
                 n = rest
                 want = 2 * chunk_bytes
-            yield self._last_chunk(buf, view, n)
+            yield self._last_chunk(buf, view, n, decode)
         finally:
             view.release()
             self.close()
 
-    def _last_chunk(self, buf: bytearray, view: memoryview, n: int) -> list:
+    def _last_chunk(self, buf: bytearray, view: memoryview, n: int, decode: Callable[[Any], list | None]) -> list:
         """Find where the event array ends (its ']') and parse the document's tail."""
         hi = 1 + n
         for _ in range(16):
@@ -454,7 +457,7 @@ class TraceJSON:
             if _skip_ws(buf, 1, q) == q:
                 events: list | None = []  # empty array
             else:
-                events = _parse_piece(buf, view, q)  # buf[q] is the "]" already
+                events = _parse_piece(buf, view, q, decode)  # buf[q] is the "]" already
             if events is None:
                 continue
             if self.form == "object":
@@ -467,17 +470,22 @@ class TraceJSON:
 _OPEN, _CLOSE = ord("["), ord("]")
 
 
-def _parse_piece(buf: bytearray, view: memoryview, cut: int) -> list | None:
+def _orjson_list(data) -> list | None:
+    try:
+        events = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return events if isinstance(events, list) else None
+
+
+def _parse_piece(buf: bytearray, view: memoryview, cut: int, decode: Callable[[Any], list | None]) -> list | None:
     """The events in buf[1:cut] (buf[0] is "["), parsed in place with a "]" at ``cut``; None if that is not JSON."""
     saved = buf[cut]
     buf[cut] = _CLOSE
     try:
-        events = orjson.loads(view[: cut + 1])
-    except orjson.JSONDecodeError:
-        return None
+        return decode(view[: cut + 1])
     finally:
         buf[cut] = saved
-    return events if isinstance(events, list) else None
 
 
 def _close_array(data: bytes) -> bytes | None:

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from profkit import schema as S
-from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel
+from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel, dtype_bytes, normalize_coll_name
+from profkit.ingest.typedjson import UNSET, TraceArgs, TraceEvent, event_dict
 
 Spec = tuple[str, bool]  # (kind, is_device_event)
 
@@ -55,6 +56,7 @@ US_LIMIT = 4.0e15  # µs (year 2096 as epoch µs): start + dur in ns stays far i
 INT63 = (1 << 63) - 1
 _EMPTY: dict = {}
 _INT_OR_NONE = frozenset((int, type(None)))
+_MISSING = object()
 # branches of the hot loop (compared by identity)
 _HOST, _RUNTIME, _GPU, _FRAME = "host", "runtime", "gpu", "frame"
 # Pending rows become one batch of Arrow arrays once this many are collected (or at the
@@ -105,6 +107,8 @@ class EventColumns:
         self.metadata: list[dict] = []
         self.skipped: Counter = Counter()
         self.dropped: Counter = Counter()  # (why, kind) -> rows
+        self._coll_names: dict[str, str | None] = {}  # raw "Collective name" -> normalized
+        self._dtype_sizes: dict[str, int | None] = {}
         self._new_rows()
 
     def _new_rows(self) -> None:
@@ -131,11 +135,68 @@ class EventColumns:
         spec = self._specs[cat] = (kind, group, cat)
         return spec
 
-    def add(self, events: Iterable[Any]) -> None:
-        """Take one chunk of event dicts; afterwards the caller may drop them."""
-        self._rows(events)
+    def add(self, events: list[Any]) -> None:
+        """Take one chunk of events (dicts, or ``typedjson.TraceEvent`` structs: one piece is all
+        one or all the other); afterwards the caller may drop them."""
+        if events and type(events[0]) is TraceEvent:
+            self._rows_typed(events)
+        else:
+            self._rows(events)
         if len(self.rows) >= FLUSH_ROWS:
             self._flush()
+
+    def _rows_typed(self, events: list[TraceEvent]) -> None:
+        """``_rows`` over typed events: the same rows, the same fast-path shape (an ``X`` event with
+        object args, a category seen before and a string name); every other event goes through
+        ``_event`` as the dict orjson would have made (``typedjson.event_dict``)."""
+        rows = self.rows
+        append = rows.append
+        gpu_rows, specs = self.gpu_rows, self._specs
+        slow = self._event
+        KERNEL = S.KERNEL
+        row = len(rows)
+        flows = 0
+        for e in events:
+            ph = e.ph
+            if ph == "X":
+                a = e.args
+                name = e.name
+                spec = specs.get(e.cat)
+                if type(a) is TraceArgs and spec is not None and type(name) is str:
+                    kind, group, cat = spec
+                    if group is _RUNTIME:
+                        append((kind, cat, name, e.ts, e.dur, e.pid, e.tid, None, None, a.correlation))
+                    elif group is _GPU:
+                        dev = a.device
+                        stream = a.stream
+                        append((kind, cat, name, e.ts, e.dur, None, None, e.pid if dev is None else dev,
+                                e.tid if stream is None else stream, a.correlation))
+                        gpu_rows.append(row)
+                        if a.collective_name is not UNSET:
+                            self._coll_typed(row, a, kind, name)
+                        elif kind is KERNEL:
+                            if name[:4] in ("nccl", "rccl"):
+                                coll = coll_from_kernel(name)
+                                if coll is not None:
+                                    self.coll_name[row] = coll
+                        elif a.bytes is not UNSET:
+                            self.nbytes[row] = a.bytes
+                    else:
+                        append((kind, cat, name, e.ts, e.dur, e.pid, e.tid, None, None, None))
+                        if group is _HOST and a.collective_name is not UNSET:
+                            self._coll_typed(row, a, kind, name)
+                    row += 1
+                    continue
+            elif ph in FLOW_PHASES:
+                flows += 1
+                continue
+            added = slow(event_dict(e), row)
+            if added == 1:
+                row += 1
+            elif added == 2:
+                flows += 1
+        if flows:
+            self.skipped["flow"] += flows
 
     def _rows(self, events: Iterable[Any]) -> None:
         """Append raw values (checked later, per column, in ``_flush``).
@@ -266,6 +327,45 @@ class EventColumns:
             elif "bytes" in a:
                 self.nbytes[row] = a["bytes"]
         return 1
+
+    def _coll_typed(self, row: int, a: TraceArgs, kind: str, event_name: Any) -> None:
+        """``_coll_args`` of typed args (``coll_from_args`` step by step; names and dtypes of
+        string values are looked up once per distinct string: record_param_comms rows are many)."""
+        raw = a.collective_name
+        if type(raw) is str:
+            name = self._coll_names.get(raw, _MISSING)
+            if name is _MISSING:
+                name = self._coll_names[raw] = normalize_coll_name(raw)
+        else:
+            name = normalize_coll_name(raw)
+        group = a.group
+        if group is not None and type(group) is not str:
+            group = str(group)
+        seq = a.seq
+        if seq is None:
+            seq = a.sequence_number
+        if type(seq) is not int:
+            seq = as_int(seq)
+        nelems = a.in_msg_nelems
+        if type(nelems) is not int:
+            nelems = as_int(nelems)
+        dtype = a.dtype
+        if type(dtype) is str:
+            size = self._dtype_sizes.get(dtype, _MISSING)
+            if size is _MISSING:
+                size = self._dtype_sizes[dtype] = dtype_bytes(dtype)
+        else:
+            size = None
+        if name is None and kind == S.KERNEL and isinstance(event_name, str):
+            name = coll_from_kernel(event_name)
+        if name is not None:
+            self.coll_name[row] = name
+        if group is not None:
+            self.coll_group[row] = group
+        if seq is not None:
+            self.coll_seq[row] = seq
+        if nelems is not None and size is not None:
+            self.nbytes[row] = nelems * size
 
     def _coll_args(self, row: int, a: dict, kind: str, event_name: Any) -> None:
         name, group, seq, nbytes = coll_from_args(a)
