@@ -42,6 +42,7 @@ from profkit.analyze.stragglers import WindowPhases, rank_window_phases
 from profkit.analyze.window import clip_to_recorded
 from profkit.errors import TraceError
 from profkit.ingest.cache import table_with_rank
+from profkit.scale.store import arrow_frame_table
 
 KILL_ENV = "PROFKIT_TEST_KILL_TASK"  # tests only: "stage:rank[:flagfile]" makes that task's process die
 
@@ -125,7 +126,7 @@ class FileResult:
 
 
 def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, store) -> FileResult:
-    """Read one trace file (through the Parquet cache) and keep each part's table in the store."""
+    """Read one trace file (through the parsed-trace cache) and keep each part's table in the store."""
     from profkit.ingest.loader import part_gpu_events, part_pids, read_file
 
     t0 = time.perf_counter()
@@ -144,7 +145,7 @@ def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, st
     n = 0
     for j, part in enumerate(parts):
         key = f"part-{index}-{j}"
-        store.put_table(key, part.table)
+        store.put_table(key, arrow_frame_table(part.table))  # readable as the rank's events as it is
         n += part.table.num_rows
         out.parts.append(PartInfo(path=part.path, source=part.source, rank=part.rank, rank_origin=part.rank_origin,
                                   key=part.key, meta=part.meta, warnings=list(part.warnings),
@@ -157,6 +158,16 @@ def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, st
 # ---- stage 1: per rank, before alignment ------------------------------------------------------
 def events_key(rank: int) -> str:
     return f"events-{rank}"
+
+
+def rank_events(store, rank: int, columns: list[str] | None = None) -> pd.DataFrame:
+    """The rank's events from the store, with its rank column filled (a single part is stored as the
+    reader made it, before ranks were resolved)."""
+    events = store.get(events_key(rank), columns)
+    if "rank" in events.columns and len(events) and events["rank"].hasnans:
+        events = events.assign(rank=pd.array(np.full(len(events), rank, dtype=np.int32),
+                                             dtype=pd.ArrowDtype(pa.int32())))
+    return events
 
 
 def candidates_key(rank: int) -> str:
@@ -176,12 +187,16 @@ def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | Non
     """Join the rank's parts into its event table (kept in the store) and take its clock facts."""
     t0 = time.perf_counter()
     _maybe_die("prepare", rank)
-    if part_keys:
-        tables = [table_with_rank(store.get_table(k), rank) for k in part_keys]
+    if len(part_keys) == 1 and (store.rename(part_keys[0], events_key(rank)) or store.has(events_key(rank))):
+        # one part (the common case): it is the rank's events as stored (rank column left null:
+        # ``rank_events`` fills it); a retried task finds it already moved
+        events = rank_events(store, rank)
+    elif part_keys:
+        tables = [table_with_rank(store.get_table(k).replace_schema_metadata(None), rank) for k in part_keys]
         events = schema.to_frame(pa.concat_tables(tables))
         store.put(events_key(rank), events)  # the parts are dropped by the driver: a retried task reads them again
     else:
-        events = store.get(events_key(rank))
+        events = rank_events(store, rank)
     clock = prepare_rank(events) if len(events) else None
     if clock is not None:
         store.put(candidates_key(rank), clock.candidates)  # reused on the common clock by rank_task
@@ -224,7 +239,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     """Everything one rank's events say on their own, on the common clock."""
     t0 = time.perf_counter()
     _maybe_die("rank", rank)
-    events = store.get(events_key(rank))
+    events = rank_events(store, rank)
     duplicates: dict = {}
     if alignment is not None and len(events):
         events, duplicates = drop_duplicate_spans(apply_alignment(events, alignment))

@@ -43,6 +43,15 @@ def frame_to_table(frame: pd.DataFrame) -> pa.Table:
     return table.replace_schema_metadata(meta)
 
 
+def arrow_frame_table(table: pa.Table) -> pa.Table:
+    """An Arrow table (e.g. a reader's event table) marked so ``table_to_frame`` gives every column an
+    ``ArrowDtype``, as ``frame_to_table`` of its ``schema.to_frame`` would: a part stored this way can
+    be read back as a frame without converting it in between."""
+    meta = dict(table.schema.metadata or {})
+    meta[_KINDS_KEY] = json.dumps({name: "arrow" for name in table.column_names}).encode()
+    return table.replace_schema_metadata(meta)
+
+
 def table_to_frame(table: pa.Table) -> pd.DataFrame:
     """The frame ``frame_to_table`` stored: same columns, dtypes and values (a fresh 0..n-1 index)."""
     raw = (table.schema.metadata or {}).get(_KINDS_KEY)
@@ -90,6 +99,19 @@ class MemoryStore:
         self._frames.pop(key, None)
         self._tables.pop(key, None)
 
+    def has(self, key: str) -> bool:
+        return key in self._frames or key in self._tables
+
+    def rename(self, old: str, new: str) -> bool:
+        """Move the table under ``old`` to ``new`` (False when ``old`` holds nothing)."""
+        if old in self._tables:
+            self._tables[new] = self._tables.pop(old)
+        elif old in self._frames:
+            self._frames[new] = self._frames.pop(old)
+        else:
+            return False
+        return True
+
     def close(self) -> None:
         self._frames.clear()
         self._tables.clear()
@@ -126,6 +148,17 @@ class DiskStore:
 
     def drop(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def has(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def rename(self, old: str, new: str) -> bool:
+        """Move the file under ``old`` to ``new`` (atomic; False when ``old`` holds nothing)."""
+        try:
+            self._path(old).replace(self._path(new))
+        except FileNotFoundError:
+            return False
+        return True
 
     def close(self) -> None:
         if self.owned:
