@@ -13,7 +13,7 @@ import pytest
 
 from profkit.ingest import jsonio, kineto
 from profkit.ingest.kineto import read_kineto
-from profkit.ingest.typedjson import TraceArgs, TraceEvent, args_dict, decode_piece
+from profkit.ingest.typedjson import TraceArgs, TraceEvent, args_dict, decode_piece, is_typed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,9 +61,10 @@ def test_typed_pieces_are_structs_and_odd_shapes_fall_back_to_dicts():
     assert type(e) is TraceEvent and type(e.args) is TraceArgs
     assert args_dict(e.args) == {"device": 0, "Collective name": None}  # presence of a null key is kept
     for odd in (b'[{"ph": "X", "ts": [1]}]', b'[{"ph": "X", "pid": 18446744073709551616}]', b'[3, {"ph": "X"}]',
-                b'[{"ph": "X", "args": {"Seq": {"a": 1}}}]'):
+                b'[{"ph": "X", "args": {"Seq": {"a": 1}}}]', b'[{"ph": "X", "ph": "f"}]', b'[{"ph": "Q"}]', b'[{"ts": 1}]',
+                b'[{"ph": 1}]'):
         events = decode_piece(odd)
-        assert events is not None and not any(type(x) is TraceEvent for x in events), odd
+        assert events is not None and not is_typed(events) and all(type(x) is not TraceEvent for x in events), odd
     assert decode_piece(b'[{"ph": "X", "name": "cut') is None  # not JSON: the caller tries another cut
 
 
@@ -116,7 +117,7 @@ def test_hypothesis_random_events_read_the_same_both_ways(tmp_path_factory, monk
     def counting(data):
         out = decode_piece(data)
         if out:
-            pieces["typed" if type(out[0]) is TraceEvent else "dicts"] += 1
+            pieces["typed" if is_typed(out) else "dicts"] += 1
         return out
 
     monkeypatch.setattr(kineto, "decode_piece", counting)

@@ -25,6 +25,23 @@ import orjson
 
 from profkit.errors import TraceError
 
+try:  # ISA-L inflate: ~3x zlib's speed (a 182 MB rank: 0.08 s vs 0.27 s); optional, ``pip install profkit[fast]``
+    from isal import igzip as _igzip
+    from isal.isal_zlib import error as _IsalError
+except ImportError:  # pragma: no cover - depends on what is installed
+    _igzip = None
+    _IsalError = zlib.error
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, _IsalError)
+
+
+def gzip_reader(fileobj):
+    """A file object inflating ``fileobj`` (gzip): ISA-L's when installed, else the standard library's."""
+    return _igzip.IGzipFile(fileobj=fileobj, mode="rb") if _igzip is not None else gzip.GzipFile(fileobj=fileobj, mode="rb")
+
+
+def gunzip(data: bytes) -> bytes:
+    return _igzip.decompress(data) if _igzip is not None else gzip.decompress(data)
+
 # 256 KB of JSON per parse (~1.5 MB of dicts alive). Measured on 8 x 25 MB Kineto traces:
 # 256-512 KB pieces load in 1.2 s with ~2k page faults, 2 MB pieces in 1.9 s with ~280k.
 # orjson parses a document whose yyjson work area fits its static 8 MB buffer (input under
@@ -76,8 +93,8 @@ def read_bytes(path: str | Path) -> bytes:
         raise _open_error(path, exc) from None
     if raw[:2] == GZIP_MAGIC:
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error, ValueError) as exc:
+            raw = gunzip(raw)
+        except (OSError, ValueError, *GZIP_ERRORS) as exc:
             raise _gunzip_error(path, exc) from None
     elif raw[:4] == ZSTD_MAGIC:
         raise TraceError(path, "zstd-compressed file: decompress it first (zstd -d)")
@@ -97,9 +114,9 @@ def read_head(path: str | Path, n_bytes: int = HEAD_BYTES) -> bytes:
             fh.seek(0)
             if magic == GZIP_MAGIC:
                 try:
-                    with gzip.GzipFile(fileobj=fh) as gz:
+                    with gzip_reader(fh) as gz:
                         head = gz.read(n_bytes)
-                except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                except GZIP_ERRORS as exc:
                     raise _gunzip_error(path, exc) from None
             else:
                 head = fh.read(n_bytes)
@@ -196,7 +213,7 @@ class _Stream:
         if magic[:4] == ZSTD_MAGIC:
             self.close()
             raise TraceError(self.path, "zstd-compressed file: decompress it first (zstd -d)")
-        self._fh: Any = gzip.GzipFile(fileobj=self._raw, mode="rb") if magic[:2] == GZIP_MAGIC else self._raw
+        self._fh: Any = gzip_reader(self._raw) if magic[:2] == GZIP_MAGIC else self._raw
         self.eof = False
         self._started = False
 
@@ -205,7 +222,7 @@ class _Stream:
             return b""
         try:
             data = self._fh.read(n_bytes)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except GZIP_ERRORS as exc:
             raise _gunzip_error(self.path, exc) from None
         except OSError as exc:
             raise _open_error(self.path, exc) from None
@@ -236,7 +253,7 @@ class _Stream:
                     self.close()
                     break
                 total += got
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except GZIP_ERRORS as exc:
             raise _gunzip_error(self.path, exc) from None
         except OSError as exc:
             raise _open_error(self.path, exc) from None
@@ -247,7 +264,7 @@ class _Stream:
             if fh is not None:
                 try:
                     fh.close()
-                except (OSError, EOFError, zlib.error):
+                except (OSError, *GZIP_ERRORS):
                     pass
 
 

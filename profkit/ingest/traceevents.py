@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from profkit import schema as S
 from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel, dtype_bytes, normalize_coll_name
-from profkit.ingest.typedjson import UNSET, TraceArgs, TraceEvent, event_dict
+from profkit.ingest.typedjson import FLOW_TYPES, UNSET, TraceArgs, TraceEvent, event_dict, is_typed
 
 Spec = tuple[str, bool]  # (kind, is_device_event)
 
@@ -57,6 +57,7 @@ INT63 = (1 << 63) - 1
 _EMPTY: dict = {}
 _INT_OR_NONE = frozenset((int, type(None)))
 _MISSING = object()
+_NCCL_PREFIXES = ("nccl", "rccl")
 # branches of the hot loop (compared by identity)
 _HOST, _RUNTIME, _GPU, _FRAME = "host", "runtime", "gpu", "frame"
 # Pending rows become one batch of Arrow arrays once this many are collected (or at the
@@ -138,7 +139,7 @@ class EventColumns:
     def add(self, events: list[Any]) -> None:
         """Take one chunk of events (dicts, or ``typedjson.TraceEvent`` structs: one piece is all
         one or all the other); afterwards the caller may drop them."""
-        if events and type(events[0]) is TraceEvent:
+        if is_typed(events):
             self._rows_typed(events)
         else:
             self._rows(events)
@@ -156,9 +157,10 @@ class EventColumns:
         KERNEL = S.KERNEL
         row = len(rows)
         flows = 0
+        X, FLOWS = TraceEvent, FLOW_TYPES
         for e in events:
-            ph = e.ph
-            if ph == "X":
+            t = type(e)
+            if t is X:
                 a = e.args
                 name = e.name
                 spec = specs.get(e.cat)
@@ -175,7 +177,7 @@ class EventColumns:
                         if a.collective_name is not UNSET:
                             self._coll_typed(row, a, kind, name)
                         elif kind is KERNEL:
-                            if name[:4] in ("nccl", "rccl"):
+                            if name.startswith(_NCCL_PREFIXES):
                                 coll = coll_from_kernel(name)
                                 if coll is not None:
                                     self.coll_name[row] = coll
@@ -187,7 +189,7 @@ class EventColumns:
                             self._coll_typed(row, a, kind, name)
                     row += 1
                     continue
-            elif ph in FLOW_PHASES:
+            elif t in FLOWS:
                 flows += 1
                 continue
             added = slow(event_dict(e), row)

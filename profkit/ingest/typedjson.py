@@ -20,7 +20,7 @@ the events read from it are the same.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 import orjson
@@ -53,10 +53,13 @@ _ARG_KEYS = tuple((f.encode_name, f.name) for f in msgspec.structs.fields(TraceA
 _PRESENCE = frozenset(("bytes", "collective_name"))
 
 
-class TraceEvent(msgspec.Struct, gc=False):
-    """One trace event's fields (missing and null are alike, as ``dict.get`` sees them)."""
+class _Tagged(msgspec.Struct, gc=False, tag_field="ph"):
+    """Events by phase: msgspec reads ``ph`` first and builds the class of that phase."""
 
-    ph: Scalar = None
+    ph: ClassVar[str]
+
+
+class _Fields(_Tagged):
     cat: Scalar = None
     name: Scalar = None
     ts: Scalar = None
@@ -66,7 +69,29 @@ class TraceEvent(msgspec.Struct, gc=False):
     args: Union[TraceArgs, list, Scalar] = None
 
 
-_DECODER = msgspec.json.Decoder(list[TraceEvent])
+class TraceEvent(_Fields, tag="X"):
+    """A complete event (``ph`` X): the fields a reader uses (missing and null read alike, as
+    ``dict.get`` sees them)."""
+
+    ph: ClassVar[str] = "X"
+
+
+def _phase(tag: str, fields: bool) -> type:
+    return msgspec.defstruct(f"Phase_{ord(tag)}", [], bases=(_Fields if fields else _Tagged,), tag=tag, gc=False,
+                             namespace={"ph": tag, "__annotations__": {"ph": ClassVar[str]}})
+
+
+# Flow events are only counted: their fields are skipped, not built. Any phase outside these (or a
+# ``ph`` that is missing, not a string, or given twice) fails validation: the dict path reads that piece.
+FLOW_TYPES = frozenset(_phase(tag, False) for tag in ("s", "t", "f"))
+OTHER_TYPES = frozenset(_phase(tag, True) for tag in "BEiInbePCMNODRc")
+TYPED = frozenset((TraceEvent, *FLOW_TYPES, *OTHER_TYPES))
+_DECODER = msgspec.json.Decoder(list[Union[tuple(TYPED)]])  # type: ignore[misc]
+
+
+def is_typed(events: list) -> bool:
+    """Whether a decoded piece holds typed events (else dicts from the fallback)."""
+    return bool(events) and type(events[0]) in TYPED
 
 
 def args_dict(args: Any) -> Any:
@@ -82,8 +107,10 @@ def args_dict(args: Any) -> Any:
     return out
 
 
-def event_dict(e: TraceEvent) -> dict:
+def event_dict(e: _Tagged) -> dict:
     """The event as a dict for the general (dict) path; null and missing fields read alike."""
+    if not isinstance(e, _Fields):  # a flow: only its phase matters
+        return {"ph": e.ph}
     return {"ph": e.ph, "cat": e.cat, "name": e.name, "ts": e.ts, "dur": e.dur, "pid": e.pid, "tid": e.tid,
             "args": args_dict(e.args)}
 

@@ -55,6 +55,7 @@ class TaskStats:
     wall_s: float
     peak_rss_bytes: int
     events: int
+    cpu_s: float = 0.0  # this process's CPU time in the task (threads included): wall time alone misleads on a busy machine
 
 
 def _peak_rss_bytes() -> int:
@@ -71,9 +72,15 @@ def _peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def _stats(stage: str, rank: int | None, t0: float, events: int) -> TaskStats:
+def _clock() -> tuple[float, float]:
+    """(wall, CPU) now: a task's start, for ``_stats``."""
+    return time.perf_counter(), time.process_time()
+
+
+def _stats(stage: str, rank: int | None, t0: tuple[float, float], events: int) -> TaskStats:
     return TaskStats(stage=stage, rank=rank, worker=f"{socket.gethostname()}:{os.getpid()}",
-                     wall_s=time.perf_counter() - t0, peak_rss_bytes=_peak_rss_bytes(), events=int(events))
+                     wall_s=time.perf_counter() - t0[0], peak_rss_bytes=_peak_rss_bytes(), events=int(events),
+                     cpu_s=time.process_time() - t0[1])
 
 
 def _maybe_die(stage: str, rank: int | None) -> None:
@@ -129,7 +136,7 @@ def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, st
     """Read one trace file (through the parsed-trace cache) and keep each part's table in the store."""
     from profkit.ingest.loader import part_gpu_events, part_pids, read_file
 
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("read", index)
     out = FileResult(index=index, path=path)
     try:
@@ -185,7 +192,7 @@ class PrepareResult:
 
 def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | None) -> PrepareResult:
     """Join the rank's parts into its event table (kept in the store) and take its clock facts."""
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("prepare", rank)
     if len(part_keys) == 1 and (store.rename(part_keys[0], events_key(rank)) or store.has(events_key(rank))):
         # one part (the common case): it is the rank's events as stored (rank column left null:
@@ -237,7 +244,7 @@ def rank_alignment(alignment: Alignment, rank: int) -> Alignment:
 def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] | None, step_pattern: str | None,
               store, keep_aligned: bool = False) -> RankResult:
     """Everything one rank's events say on their own, on the common clock."""
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("rank", rank)
     events = rank_events(store, rank)
     duplicates: dict = {}
@@ -292,7 +299,7 @@ def finish_task(rank: int, windows: dict[str, pd.DataFrame] | None, arrivals: pd
     arriver (``arrivals``: the rank's rows of ``overhead.arrivals_from_match``), summarized."""
     from profkit.analyze.compare import cause_step_table
 
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("finish", rank)
     phases, n = None, 0
     if windows is not None:
@@ -317,7 +324,7 @@ def drop_rank_tables(store, rank: int) -> None:
 
 def stats_frame(stats: list[TaskStats | None]) -> pd.DataFrame:
     rows = [s.__dict__ for s in stats if s is not None]
-    cols = ["stage", "rank", "worker", "wall_s", "peak_rss_bytes", "events"]
+    cols = ["stage", "rank", "worker", "wall_s", "peak_rss_bytes", "events", "cpu_s"]
     out = pd.DataFrame(rows, columns=cols)
     out["rank"] = out["rank"].astype("Int64")
     out["peak_rss_bytes"] = out["peak_rss_bytes"].astype(np.int64)
