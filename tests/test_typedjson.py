@@ -185,3 +185,23 @@ def test_every_combination_of_collective_and_device_args_reads_the_same_both_way
         assert_same(typed, plain)
         assert typed.table.num_rows == len(events)
         assert typed.table["coll_seq"].null_count < len(events) and typed.table["bytes"].null_count < len(events)
+
+
+def test_gzip_without_isal_reads_the_same_and_names_broken_files(shared_traces, monkeypatch, tmp_path):
+    """ISA-L inflate is optional: the standard library's gzip gives the same table and the same errors."""
+    from profkit.errors import TraceError
+
+    path = shared_traces / "hta/trace_filter_2rank/sampled_rank-0.json.gz"
+    [fast] = read_kineto(path)
+    gz = path.read_bytes()
+    (tmp_path / "cut.json.gz").write_bytes(gz[: len(gz) // 2])
+    bad = bytearray(gz)
+    bad[len(bad) // 2] ^= 0xFF
+    (tmp_path / "flip.json.gz").write_bytes(bytes(bad))
+    monkeypatch.setattr(jsonio, "_igzip", None)
+    [plain] = read_kineto(path)
+    assert plain.table.equals(fast.table)
+    with pytest.raises(TraceError, match="truncated gzip"):
+        read_kineto(tmp_path / "cut.json.gz")
+    with pytest.raises(TraceError, match="gzip|JSON"):
+        read_kineto(tmp_path / "flip.json.gz")
