@@ -101,6 +101,9 @@ class EventColumns:
     def __init__(self, cat_spec: Callable[[str | None], Spec]):
         self._spec_of = cat_spec
         self._specs: dict[str | None, tuple] = {}
+        self._codes: dict[tuple[str, str | None], int] = {}  # (kind, category) -> the row's code
+        self._code_kind: list[str] = []
+        self._code_cat: list[str | None] = []
         self._names: dict[str, str] = {}
         self._batches: list[dict[str, Any]] = []
         self.id_names: dict[str, dict[str, str]] = {"stream": {}, "pid": {}, "tid": {}}
@@ -113,9 +116,12 @@ class EventColumns:
         self._new_rows()
 
     def _new_rows(self) -> None:
-        # one tuple per pending row: (kind, cat, name, ts, dur, pid, tid, device, stream, correlation)
+        # one tuple per pending row: (code of (kind, category), name, ts, dur, pid, tid, correlation);
+        # device and stream of the GPU rows (gpu_rows) in lists of their own: host rows have none
         self.rows: list[tuple] = []
         self.gpu_rows: list[int] = []
+        self.gpu_device: list[Any] = []
+        self.gpu_stream: list[Any] = []
         self.coll_name: dict[int, Any] = {}
         self.coll_group: dict[int, Any] = {}
         self.coll_seq: dict[int, Any] = {}
@@ -123,7 +129,8 @@ class EventColumns:
 
     # ------------------------------------------------------------ the hot loop
     def _resolve(self, cat: str | None) -> tuple:
-        """(kind, group, cat) for a category; group picks the loop's branch (see ``_rows``)."""
+        """(kind, group, cat, code) for a category; group picks the loop's branch (see ``_rows``), code
+        names (kind, category) in the pending rows."""
         kind, on_gpu = self._spec_of(cat)
         if on_gpu:
             group = _GPU
@@ -133,8 +140,16 @@ class EventColumns:
             group = _FRAME
         else:
             group = _HOST
-        spec = self._specs[cat] = (kind, group, cat)
+        spec = self._specs[cat] = (kind, group, cat, self._code(kind, cat))
         return spec
+
+    def _code(self, kind: str, cat: str | None) -> int:
+        code = self._codes.get((kind, cat))
+        if code is None:
+            code = self._codes[(kind, cat)] = len(self._code_kind)
+            self._code_kind.append(kind)
+            self._code_cat.append(cat)
+        return code
 
     def add(self, events: list[Any]) -> None:
         """Take one chunk of events (dicts, or ``typedjson.TraceEvent`` structs: one piece is all
@@ -152,7 +167,7 @@ class EventColumns:
         ``_event`` as the dict orjson would have made (``typedjson.event_dict``)."""
         rows = self.rows
         append = rows.append
-        gpu_rows, specs = self.gpu_rows, self._specs
+        gpu_rows, gpu_device, gpu_stream, specs = self.gpu_rows, self.gpu_device, self.gpu_stream, self._specs
         slow = self._event
         KERNEL = S.KERNEL
         row = len(rows)
@@ -165,15 +180,16 @@ class EventColumns:
                 name = e.name
                 spec = specs.get(e.cat)
                 if type(a) is TraceArgs and spec is not None and type(name) is str:
-                    kind, group, cat = spec
+                    kind, group, cat, code = spec
                     if group is _RUNTIME:
-                        append((kind, cat, name, e.ts, e.dur, e.pid, e.tid, None, None, a.correlation))
+                        append((code, name, e.ts, e.dur, e.pid, e.tid, a.correlation))
                     elif group is _GPU:
                         dev = a.device
                         stream = a.stream
-                        append((kind, cat, name, e.ts, e.dur, None, None, e.pid if dev is None else dev,
-                                e.tid if stream is None else stream, a.correlation))
+                        append((code, name, e.ts, e.dur, None, None, a.correlation))
                         gpu_rows.append(row)
+                        gpu_device.append(e.pid if dev is None else dev)
+                        gpu_stream.append(e.tid if stream is None else stream)
                         if a.collective_name is not UNSET:
                             self._coll_typed(row, a, kind, name)
                         elif kind is KERNEL:
@@ -184,7 +200,7 @@ class EventColumns:
                         elif a.bytes is not UNSET:
                             self.nbytes[row] = a.bytes
                     else:
-                        append((kind, cat, name, e.ts, e.dur, e.pid, e.tid, None, None, None))
+                        append((code, name, e.ts, e.dur, e.pid, e.tid, None))
                         if group is _HOST and a.collective_name is not UNSET:
                             self._coll_typed(row, a, kind, name)
                     row += 1
@@ -216,7 +232,8 @@ class EventColumns:
         """
         rows = self.rows
         append = rows.append
-        gpu_rows, names, specs = self.gpu_rows, self._names, self._specs
+        gpu_rows, gpu_device, gpu_stream = self.gpu_rows, self.gpu_device, self.gpu_stream
+        names, specs = self._names, self._specs
         slow = self._event
         KERNEL = S.KERNEL
         row = len(rows)
@@ -228,19 +245,20 @@ class EventColumns:
                 if ph == "X":
                     a = e["args"]
                     if type(a) is dict:
-                        kind, group, cat = specs[e["cat"]]
+                        kind, group, cat, code = specs[e["cat"]]
                         name = names[e["name"]]
                         if group is _RUNTIME:
-                            rec = (kind, cat, name, e["ts"], e["dur"], e["pid"], e["tid"], None, None,
-                                   a.get("correlation"))
+                            rec = (code, name, e["ts"], e["dur"], e["pid"], e["tid"], a.get("correlation"))
                         elif group is _GPU:
                             dev = a.get("device")
                             stream = a.get("stream")
-                            rec = (kind, cat, name, e["ts"], e["dur"], None, None,
-                                   e["pid"] if dev is None else dev, e["tid"] if stream is None else stream,
-                                   a.get("correlation"))
+                            if dev is None:
+                                dev = e["pid"]
+                            if stream is None:
+                                stream = e["tid"]
+                            rec = (code, name, e["ts"], e["dur"], None, None, a.get("correlation"))
                         else:
-                            rec = (kind, cat, name, e["ts"], e["dur"], e["pid"], e["tid"], None, None, None)
+                            rec = (code, name, e["ts"], e["dur"], e["pid"], e["tid"], None)
                 elif ph in FLOW_PHASES:
                     flows += 1
                     continue
@@ -256,6 +274,8 @@ class EventColumns:
             append(rec)
             if group is _GPU:
                 gpu_rows.append(row)
+                gpu_device.append(dev)
+                gpu_stream.append(stream)
                 if "Collective name" in a:
                     self._coll_args(row, a, kind, name)
                 elif kind is KERNEL:
@@ -295,9 +315,10 @@ class EventColumns:
         spec = self._specs.get(cat)
         if spec is None:
             spec = self._resolve(cat)
-        kind, group, cat = spec
+        kind, group, cat, code = spec
         if ph != "X":
             kind, group = S.INSTANT, _HOST
+            code = self._code(kind, cat)
         name = e.get("name")
         if type(name) is str:
             name = self._names.setdefault(name, name)
@@ -306,19 +327,20 @@ class EventColumns:
             a = _EMPTY
         ts = e.get("ts")
         if group is _FRAME:
-            self.rows.append((kind, cat, name, ts, dur, e.get("pid"), e.get("tid"), None, None, None))
+            self.rows.append((code, name, ts, dur, e.get("pid"), e.get("tid"), None))
         elif group is _HOST:
-            self.rows.append((kind, cat, name, ts, dur, e.get("pid"), e.get("tid"), None, None, None))
+            self.rows.append((code, name, ts, dur, e.get("pid"), e.get("tid"), None))
             if "Collective name" in a:
                 self._coll_args(row, a, kind, name)
         elif group is _RUNTIME:
-            self.rows.append((kind, cat, name, ts, dur, e.get("pid"), e.get("tid"), None, None, a.get("correlation")))
+            self.rows.append((code, name, ts, dur, e.get("pid"), e.get("tid"), a.get("correlation")))
         else:
             dev = a.get("device")
             stream = a.get("stream")
-            self.rows.append((kind, cat, name, ts, dur, None, None, e.get("pid") if dev is None else dev,
-                              e.get("tid") if stream is None else stream, a.get("correlation")))
+            self.rows.append((code, name, ts, dur, None, None, a.get("correlation")))
             self.gpu_rows.append(row)
+            self.gpu_device.append(e.get("pid") if dev is None else dev)
+            self.gpu_stream.append(e.get("tid") if stream is None else stream)
             if "Collective name" in a:
                 self._coll_args(row, a, kind, name)
             elif kind is S.KERNEL:
@@ -392,8 +414,10 @@ class EventColumns:
         n = len(self.rows)
         if not n:
             return
-        kinds, cats, names, ts, dur, pid, tid, device, stream, corr = zip(*self.rows)
+        codes, names, ts, dur, pid, tid, corr = zip(*self.rows)
         self.rows = []  # the tuples go now, the columns hold the values
+        code = np.array(codes, dtype=np.int32)
+        kinds = np.array(self._code_kind, dtype=object)[code]  # for the drop counts only (same objects)
         start_us, bad_ts = _float_column(ts)
         dur_us, bad_dur = _float_column(dur)
         with np.errstate(invalid="ignore"):  # NaN compares False: such rows are caught by the checks below
@@ -417,17 +441,22 @@ class EventColumns:
             end_ns[rows] = us_to_ns(np.fromiter(end_us.values(), dtype=np.float64, count=len(rows)))
         on_gpu = np.zeros(n, dtype=bool)
         on_gpu[self.gpu_rows] = True
+        code_array = pa.array(code)
         batch: dict[str, Any] = {
-            "kind": _str_column(kinds),
-            "category": _str_column(cats),
+            "kind": pc.take(pa.array(self._code_kind, pa.string()), code_array),
+            "category": pc.take(_str_column(self._code_cat), code_array),
             "name": _str_column(names),
             "start_ns": pa.array(start_ns, pa.int64()),
             "end_ns": pa.array(end_ns, pa.int64()),
             "on_gpu": pa.array(on_gpu),
         }
-        raw = {"device": device, "stream": stream, "pid": pid, "tid": tid, "correlation": corr}
+        raw = {"device": self.gpu_device, "stream": self.gpu_stream, "pid": pid, "tid": tid, "correlation": corr}
         for column, typ, names in _ID_COLUMNS:
-            batch[column] = _id_column(raw[column], typ, self.id_names.get(names) if names else None, column)
+            id_names = self.id_names.get(names) if names else None
+            if column in ("device", "stream"):  # GPU rows only
+                batch[column] = _scatter(self.gpu_rows, raw[column], n, typ, id_names, column)
+            else:
+                batch[column] = _id_column(raw[column], typ, id_names, column)
         sparse = {"coll_name": self.coll_name, "coll_group": self.coll_group, "coll_seq": self.coll_seq, "bytes": self.nbytes}
         for column, typ in _SPARSE_COLUMNS:
             batch[column] = _sparse(sparse[column], n, typ)
@@ -437,11 +466,11 @@ class EventColumns:
         self._batches.append(batch)
         self._new_rows()
 
-    def _drop(self, keep: np.ndarray, bad: np.ndarray, why: str, kinds: tuple) -> None:
+    def _drop(self, keep: np.ndarray, bad: np.ndarray, why: str, kinds: np.ndarray) -> None:
         bad = bad & keep
         if bad.any():
             keep &= ~bad
-            for kind, count in Counter(k for k, b in zip(kinds, bad) if b).items():
+            for kind, count in Counter(kinds[bad]).items():  # kinds in row order of their first bad row
                 self.dropped[(why, kind)] += count
 
     # ------------------------------------------------------------ B/E pairing
@@ -616,6 +645,21 @@ def _as_id(v: Any, lo: int, hi: int, names: dict | None, what: str) -> int | Non
             if len(names) < 10_000:
                 names[str(i)] = v[:200]
     return i if i is not None and lo <= i <= hi else None
+
+
+def _scatter(rows: list[int], values: list, n: int, typ: pa.DataType, names: dict | None, what: str) -> pa.Array:
+    """A column of ``n`` ids holding ``values`` (converted by ``_id_column``) at ``rows``, null elsewhere."""
+    if not rows:
+        return pa.nulls(n, typ)
+    compact = _id_column(values, typ, names, what)
+    if len(rows) == n:
+        return compact
+    at = np.asarray(rows, dtype=np.int64)
+    full = np.zeros(n, dtype=np.int32 if typ == pa.int32() else np.int64)
+    valid = np.zeros(n, dtype=bool)
+    full[at] = compact.fill_null(0).to_numpy()
+    valid[at] = compact.is_valid().to_numpy(zero_copy_only=False)
+    return pa.array(full, type=typ, mask=~valid)
 
 
 def _sparse(values: dict[int, Any], n: int, typ: pa.DataType) -> pa.Array:
