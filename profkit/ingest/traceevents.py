@@ -1,11 +1,12 @@
 """Chrome-format trace events (Kineto's too) -> columns of the profkit event schema.
 
-A tight loop appends the raw values of each event dict as one tuple per row; every
-``FLUSH_ROWS`` rows (not every parsed piece) they are checked and converted to Arrow
-arrays (numpy for time), so Python objects never pile up beyond one batch (they cost
-~200 bytes a row, the Arrow columns ~60 plus the names). Columns with odd values take a slow path;
-rare fields (collectives, bytes) are kept sparse. Timestamps become int64 ns
-exactly, see ``us_to_ns``.
+A tight loop appends the raw values of each event (a ``typedjson`` struct, or a dict where a
+piece did not fit the typed decoder) as one short tuple per row: a code for (kind, category),
+name, times, ids; a GPU row's device and stream go to lists of their own. Every ``FLUSH_ROWS``
+rows (not every parsed piece) they are checked and converted to Arrow arrays (numpy for time),
+so Python objects never pile up beyond one batch. Columns with odd values take a slow path;
+rare fields (collectives, bytes) are kept sparse. Timestamps become int64 ns exactly, see
+``us_to_ns``.
 """
 from __future__ import annotations
 
