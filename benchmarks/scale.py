@@ -506,13 +506,13 @@ def goals(runs: list[dict]) -> list[str]:
 
 
 def stage_table(runs: list[dict]) -> str:
-    head = ("capture", "executor", "cache", *(f"{st} CPU s" for st in STAGES), "tasks CPU s", "driver CPU s", "wall s")
+    head = ("run", *(f"{st} CPU s" for st in STAGES), "tasks CPU s", "driver CPU s", "wall s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         if "error" in r or not r.get("stage_cpu_s"):
             continue
         cpu = r["stage_cpu_s"]
-        cells = [f"DEP{r['ranks']} x {r['steps']}", r["executor"], r["cache"], *(f"{cpu.get(st, 0):.1f}" for st in STAGES),
+        cells = [f"DEP{r['ranks']} x {r['steps']}, {r['executor']}, {r['cache']}", *(f"{cpu.get(st, 0):.1f}" for st in STAGES),
                  f"{sum(cpu.values()):.1f}", f"{r.get('driver_cpu_s', 0):.1f}", f"{r['wall_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
