@@ -64,7 +64,9 @@ def load(path: Path, options: dict | None = None) -> list[RankPart] | None:
         n_parts = json.loads(done.read_text())["n_parts"]
         parts = []
         for i in range(n_parts):
-            table = feather.read_table(entry / f"part-{i}.arrow", memory_map=False)
+            # one thread: the file holds a record batch per 16k rows, and a thread pool per small buffer
+            # cost ~7x the CPU (0.20 s vs 0.07 s for 8 ranks of 67k events)
+            table = feather.read_table(entry / f"part-{i}.arrow", memory_map=False, use_threads=False)
             info = json.loads(table.schema.metadata[_META_KEY])
             table = table.replace_schema_metadata(None).cast(schema.ARROW_SCHEMA)
             parts.append(RankPart(table=table, **info))

@@ -144,7 +144,7 @@ class DiskStore:
 
     def get_table(self, key: str, columns: list[str] | None = None) -> pa.Table:
         return feather.read_table(self._path(key), columns=list(columns) if columns is not None else None,
-                                  memory_map=False)
+                                  memory_map=False, use_threads=False)  # workers are processes already
 
     def drop(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
