@@ -15,9 +15,8 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.analyze import gpu
+from profkit.analyze import distinct, gpu
 from profkit.analyze import intervals as iv
-from profkit.analyze import distinct
 from profkit.analyze.window import recorded_window
 
 

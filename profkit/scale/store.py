@@ -86,6 +86,9 @@ class MemoryStore:
         self._frames[key] = frame.reset_index(drop=True)
 
     def get(self, key: str, columns: list[str] | None = None) -> pd.DataFrame:
+        if key not in self._frames and key in self._tables:  # a table put as a frame's (``arrow_frame_table``)
+            table = self._tables[key]
+            return table_to_frame(table.select(list(columns)) if columns is not None else table)
         frame = self._frames[key]
         return frame[list(columns)] if columns is not None else frame
 
