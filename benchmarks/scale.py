@@ -10,8 +10,8 @@ one file per rank) and kept under ``--work-dir`` (default /tmp/profkit-scale); g
 is not measured. Every measurement runs in a fresh interpreter (this file with ``--child``), so
 each run's peak memory is its own:
 
-- cold: ``PROFKIT_CACHE_DIR`` is a fresh folder (every file is parsed and its Parquet written);
-- warm: the same folder again (the Parquet cache is read instead).
+- cold: ``PROFKIT_CACHE_DIR`` is a fresh folder (every file is parsed and its cache entry written);
+- warm: the same folder again (the parsed-trace cache is read instead).
 
 Per run: the wall time of ``analyze_paths`` (imports excluded, executor start-up included), the
 driver's peak RSS (the child's own high-water mark, ``VmHWM``: RUSAGE_CHILDREN would add the
@@ -24,7 +24,7 @@ same executor and cache (1.0 everywhere = time linear in ranks x steps), and the
 The floor, per capture: how fast this machine can only read the raw files (bytes), gunzip them
 (``gzip``, streaming ``zlib``, and ``isal`` / ``zlib-ng`` where installed) and parse the JSON
 (``orjson``: whole files, up to 100 MB of input, and ~256 KB pieces as profkit's reader does) in
-one process and in two; the table's ``x floor`` is a run's wall time over the fastest parse. Prints markdown tables and whether the goals of issue #9 are met; writes a
+one process and in two; the table's ``x floor`` is a run's wall time over the fastest parse. Prints markdown tables, the CPU time per stage, and whether the goals of issues #9 and #16 are met; writes a
 plotly figure to ``--out`` (default benchmarks/results/scale.html) and raw runs to ``--json``.
 """
 from __future__ import annotations
@@ -68,6 +68,11 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 # issue #9's goals on the 2-core machine
 GOAL_DEP32 = (32, 1000, 60.0, 2 * GB)  # ranks, steps, wall s, driver peak bytes
 GOAL_DEP256 = (256, 200, 24 * GB)  # ranks, steps, memory of the driver plus every worker
+# issue #16's goals (cold runs): close to the read/parse floor
+GOAL_X_FLOOR = 2.5  # every cold run's wall time over its floor
+GOAL16_DEP32 = (32, 1000, 30.0, "pool", 2)  # ranks, steps, wall s, executor, workers
+GOAL16_DEP256 = (256, 200, 3 * GB)  # ranks, steps, driver plus every worker's peak
+STAGES = ("read", "prepare", "rank", "finish")
 LINEAR_EXPONENT_MAX = 1.15  # time ~ ranks^a with a at most this counts as linear
 
 
@@ -88,9 +93,9 @@ def child(spec: dict) -> dict:
         options["scheduler"] = spec["scheduler"]
     elif spec["executor"] == "dask":
         options["dask_local"] = spec["workers"] or os.cpu_count()
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     analysis = analyze_paths([spec["capture"]], **options)
-    wall_s = time.perf_counter() - t1
+    wall_s, driver_cpu_s = time.perf_counter() - t1, time.process_time() - c1
     stats = getattr(analysis, "run_stats", None)
     workers = worker_peaks(stats)
     in_driver = workers.pop(f"{socket.gethostname()}:{os.getpid()}", None)  # tasks the driver ran itself
@@ -105,6 +110,9 @@ def child(spec: dict) -> dict:
         "children_maxrss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
         "tasks": 0 if stats is None else len(stats),
         "stage_wall_s": stage_walls(stats),
+        "stage_cpu_s": stage_walls(stats, "cpu_s"),
+        "driver_cpu_s": driver_cpu_s,  # the driver's own CPU (its reduces; with serial, every task too)
+        "workers": workers_used(stats),
     }
 
 
@@ -133,11 +141,19 @@ def worker_peaks(stats) -> dict[str, int]:
     return {str(w): int(p) for w, p in peaks.items()}
 
 
-def stage_walls(stats) -> dict[str, float]:
-    """Sum of task wall time per stage (CPU-ish time spent in each stage, over all workers)."""
-    if stats is None or len(stats) == 0 or "wall_s" not in stats:
+def stage_walls(stats, column: str = "wall_s") -> dict[str, float]:
+    """Sum of task wall time (or ``cpu_s``: CPU time, which a busy machine inflates less) per stage,
+    over all workers."""
+    if stats is None or len(stats) == 0 or column not in stats:
         return {}
-    return {str(k): float(v) for k, v in stats.groupby("stage")["wall_s"].sum().items()}
+    return {str(k): float(v) for k, v in stats.groupby("stage")[column].sum().items()}
+
+
+def workers_used(stats) -> int:
+    """Processes that ran tasks (the driver included when it ran some itself)."""
+    if stats is None or len(stats) == 0 or "worker" not in stats:
+        return 0
+    return int(stats["worker"].nunique())
 
 
 def events_of(analysis) -> int:
@@ -489,6 +505,53 @@ def goals(runs: list[dict]) -> list[str]:
     return lines
 
 
+def stage_table(runs: list[dict]) -> str:
+    head = ("run", *(f"{st} CPU s" for st in STAGES), "tasks CPU s", "driver CPU s", "wall s")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        if "error" in r or not r.get("stage_cpu_s"):
+            continue
+        cpu = r["stage_cpu_s"]
+        cells = [f"DEP{r['ranks']} x {r['steps']}, {r['executor']}, {r['cache']}", *(f"{cpu.get(st, 0):.1f}" for st in STAGES),
+                 f"{sum(cpu.values()):.1f}", f"{r.get('driver_cpu_s', 0):.1f}", f"{r['wall_s']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goals16(runs: list[dict], floors: dict[str, float | None]) -> list[str]:
+    """Issue #16's goals, one line each: every cold run within GOAL_X_FLOOR of its floor, DEP32 x 1000
+    on a 2-worker pool under 30 s cold, DEP256 x 200 under 3 GB (driver plus workers)."""
+    lines = []
+    cold = [r for r in runs if r["cache"] == "cold"]
+    for r in cold:
+        label = f"DEP{r['ranks']} x {r['steps']}, {r['executor']}, cold"
+        floor = floors.get(r["capture"])
+        if "error" in r:
+            lines.append(f"NOT MET  {label}: failed ({r['error']})")
+        elif floor:
+            x = r["wall_s"] / floor
+            lines.append(f"{'met    ' if x <= GOAL_X_FLOOR else 'NOT MET'}  {label}: {x:.2f}x its floor "
+                         f"({r['wall_s']:.1f} s / {floor:.1f} s; goal <= {GOAL_X_FLOOR}x)")
+    ranks, steps, wall_max, executor, workers = GOAL16_DEP32
+    hits = [r for r in cold if (r["ranks"], r["steps"], r["executor"]) == (ranks, steps, executor)]
+    for r in hits:
+        label = f"DEP{ranks} x {steps}, {executor} ({r.get('workers') or '?'} workers), cold"
+        if "error" not in r:
+            lines.append(f"{'met    ' if r['wall_s'] < wall_max else 'NOT MET'}  {label}: {r['wall_s']:.1f} s "
+                         f"(goal < {wall_max:.0f} s on {workers} workers)")
+    if not hits:
+        lines.append(f"not measured  DEP{ranks} x {steps}, {executor}, cold")
+    ranks, steps, mem_max = GOAL16_DEP256
+    hits = [r for r in runs if (r["ranks"], r["steps"]) == (ranks, steps) and "error" not in r]
+    for r in hits:
+        total = r["driver_peak_bytes"] + sum(r["worker_peak_bytes"].values())
+        lines.append(f"{'met    ' if total < mem_max else 'NOT MET'}  DEP{ranks} x {steps}, {r['executor']}, {r['cache']}: "
+                     f"driver + workers' peaks {total / GB:.2f} GB (goal < {mem_max / GB:.0f} GB)")
+    if not hits:
+        lines.append(f"not measured  DEP{ranks} x {steps} (run with --ranks {ranks} --steps {steps})")
+    return lines
+
+
 # ---------------------------------------------------------------- figure
 
 
@@ -537,7 +600,11 @@ def report(runs: list[dict], floors: dict[str, list[dict]], header: str, out: Pa
     if floors:
         print("\nFloor: the raw files only read, gunzipped, parsed (page cache warm)\n")
         print(floor_table({Path(k).name: v for k, v in floors.items()}))
+    if any(r.get("stage_cpu_s") for r in runs):
+        print("\nWhere the CPU time goes (sum over tasks per stage, and the driver's own; s):\n")
+        print(stage_table(runs))
     print("\nGoals (issue #9):\n" + "\n".join(goals(runs)))
+    print("\nGoals (issue #16, cold runs):\n" + "\n".join(goals16(runs, floor_s)))
     if out is None:
         return
     try:

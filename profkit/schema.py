@@ -90,8 +90,17 @@ def to_table(columns: dict[str, list | object]) -> pa.Table:
         if values is None:
             arrays.append(pa.nulls(n, type=field.type))
         else:
-            arrays.append(pa.array(values, type=field.type, from_pandas=True))
+            arrays.append(as_array(values, field.type))
     return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def as_array(values, typ: pa.DataType) -> pa.Array:
+    """``pa.array(values, type=typ, from_pandas=True)``, without going through Python objects when
+    ``values`` already is an Arrow array of that type (``pa.array`` iterates a ChunkedArray
+    element by element: ~0.4 µs a value)."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)) and values.type == typ:
+        return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    return pa.array(values, type=typ, from_pandas=True)
 
 
 def from_records(rows: list[dict]) -> pd.DataFrame:

@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
+from profkit.analyze.distinct import str_objects
 
 DEDUPE_KINDS = (schema.CPU_SPAN, schema.GC)
 PROFKIT_SOURCE = "profkit"  # the span-file reader's source name
@@ -103,8 +104,8 @@ def drop_duplicate_spans(
     end = sub["end_ns"].to_numpy(dtype=np.int64)
 
     # streams (source, category) and their preference order
-    src_codes, src_uni = pd.factorize(sub["source"].astype(str).to_numpy())
-    cat_codes, cat_uni = pd.factorize(sub["category"].fillna("").astype(str).to_numpy())
+    src_codes, src_uni = pd.factorize(str_objects(sub["source"]))
+    cat_codes, cat_uni = pd.factorize(str_objects(sub["category"].fillna("")))
     pair_codes, pair_uni = pd.factorize(src_codes.astype(np.int64) * len(cat_uni) + cat_codes)
     streams = [(str(src_uni[c // len(cat_uni)]), str(cat_uni[c % len(cat_uni)])) for c in pair_uni]
     if len(streams) < 2:
@@ -116,7 +117,7 @@ def drop_duplicate_spans(
     is_profkit_file = (np.asarray(src_uni, dtype=object) == PROFKIT_SOURCE)[src_codes]
 
     # names: leaf (the group key) and which name pairs are compatible, on the unique names only
-    name_codes, name_uni = pd.factorize(sub["name"].astype(str).to_numpy())
+    name_codes, name_uni = pd.factorize(str_objects(sub["name"]))
     leaves = [_leaf(n) for n in name_uni]
     leaf_codes, _ = pd.factorize(np.asarray(leaves, dtype=object))
     group = rank * (int(leaf_codes.max()) + 1) + leaf_codes[name_codes]  # (rank, leaf)

@@ -13,6 +13,7 @@ import pandas as pd
 
 from profkit import schema
 from profkit.analyze.collectives import match_sequences
+from profkit.analyze.distinct import str_objects
 
 SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP, schema.GC)
 MIN_PAIRS = 3
@@ -34,7 +35,7 @@ def source_offsets(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         return pd.DataFrame(columns=SOURCE_COLUMNS), warnings
     counts = pd.DataFrame({
         "rank": events["rank"].to_numpy(dtype=np.int64),
-        "source": events["source"].astype(str).to_numpy(),
+        "source": str_objects(events["source"]),
         "gpu": events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool),
     }).groupby(["rank", "source"]).agg(n=("gpu", "size"), gpu=("gpu", "sum"))
     for rank, per in counts.groupby(level="rank", sort=True):
@@ -101,6 +102,6 @@ def apply_source_offsets(events: pd.DataFrame, sources: pd.DataFrame) -> pd.Data
     from profkit.align.clock import shift_columns
 
     key = sources.set_index(["rank", "source"])["offset_ns"]
-    idx = pd.MultiIndex.from_arrays([events["rank"].to_numpy(dtype=np.int64), events["source"].astype(str).to_numpy()])
+    idx = pd.MultiIndex.from_arrays([events["rank"].to_numpy(dtype=np.int64), str_objects(events["source"])])
     off = key.reindex(idx).fillna(0).to_numpy(dtype=np.int64)
     return shift_columns(events, off, np.zeros(len(events)), 0)

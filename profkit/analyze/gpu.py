@@ -16,6 +16,7 @@ import pandas as pd
 
 from profkit import schema
 from profkit.analyze import intervals as iv
+from profkit.analyze import distinct
 
 # NCCL/RCCL, DeepEP, vLLM custom all-reduce and symmetric-memory kernels are communication
 COMM_KERNEL_RE = re.compile(
@@ -26,10 +27,9 @@ COMM_KERNEL_RE = re.compile(
 
 
 def is_comm_kernel(names: pd.Series) -> np.ndarray:
-    """True for kernels that move data between GPUs (matched on the kernel name)."""
-    if len(names) == 0:
-        return np.zeros(0, dtype=bool)
-    return names.astype("string").str.contains(COMM_KERNEL_RE, na=False).to_numpy(dtype=bool)
+    """True for kernels that move data between GPUs (matched on the kernel name; each distinct
+    name is tested once)."""
+    return distinct.contains(names, COMM_KERNEL_RE)
 
 
 def gpu_events(events: pd.DataFrame) -> pd.DataFrame:
@@ -37,14 +37,29 @@ def gpu_events(events: pd.DataFrame) -> pd.DataFrame:
     return events[events["kind"].isin(schema.GPU_KINDS)]
 
 
+def kind_mask(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
+    """Rows whose kind is one of ``kinds`` (a bool array: no frame is filtered)."""
+    return events["kind"].isin(kinds).to_numpy(dtype=bool)
+
+
+def times(events: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
+    """``events.loc[rows, column]`` as int64 (nulls elsewhere in the column do not matter)."""
+    col = events[column]
+    if col.hasnans:
+        return col[rows].to_numpy(np.int64)
+    return col.to_numpy(np.int64)[rows]
+
+
+def _intervals(events: pd.DataFrame, rows: np.ndarray) -> iv.Intervals:
+    return iv.union(times(events, "start_ns", rows), times(events, "end_ns", rows))
+
+
 def busy_intervals(events: pd.DataFrame) -> iv.Intervals:
-    g = gpu_events(events)
-    return iv.union(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+    return _intervals(events, kind_mask(events, schema.GPU_KINDS))
 
 
 def kernel_intervals(events: pd.DataFrame) -> iv.Intervals:
-    k = events[events["kind"] == schema.KERNEL]
-    return iv.union(k["start_ns"].to_numpy(np.int64), k["end_ns"].to_numpy(np.int64))
+    return _intervals(events, kind_mask(events, (schema.KERNEL,)))
 
 
 TIMELINE_FIELDS = (
@@ -66,14 +81,13 @@ TIMELINE_FIELDS = (
 
 def gpu_timeline(events: pd.DataFrame, window: tuple[int, int] | None = None) -> dict[str, int]:
     """GPU timeline of one rank's events; all values int64 ns (counts for ``n_*``)."""
-    g = gpu_events(events)
-    starts = g["start_ns"].to_numpy(np.int64)
-    ends = g["end_ns"].to_numpy(np.int64)
-    kinds = g["kind"].to_numpy(dtype=object)
-    is_kernel = kinds == schema.KERNEL
-    is_memcpy = kinds == schema.MEMCPY
-    is_comm = is_kernel & is_comm_kernel(g["name"])
-    is_comp = (is_kernel & ~is_comm) | (kinds == schema.MEMSET)
+    rows = kind_mask(events, schema.GPU_KINDS)  # the columns needed, not the frame, are filtered
+    starts = times(events, "start_ns", rows)
+    ends = times(events, "end_ns", rows)
+    is_kernel = kind_mask(events, (schema.KERNEL,))[rows]
+    is_memcpy = kind_mask(events, (schema.MEMCPY,))[rows]
+    is_comm = is_kernel & is_comm_kernel(events["name"])[rows]
+    is_comp = (is_kernel & ~is_comm) | kind_mask(events, (schema.MEMSET,))[rows]
 
     if window is None:
         if starts.size == 0:
@@ -114,8 +128,17 @@ def gpu_timeline(events: pd.DataFrame, window: tuple[int, int] | None = None) ->
 def gpu_timelines(events: pd.DataFrame) -> pd.DataFrame:
     """One GPU-timeline row per rank (whole-trace window per rank)."""
     rows = []
-    for rank, rank_events in events.groupby("rank", sort=True, observed=True):
+    for rank, rank_events in by_rank(events):
         row = {"rank": int(rank)}
         row.update(gpu_timeline(rank_events))
         rows.append(row)
     return pd.DataFrame(rows, columns=["rank", *TIMELINE_FIELDS])
+
+
+def by_rank(events: pd.DataFrame):
+    """``events.groupby("rank", sort=True, observed=True)``, without copying a table that holds one
+    rank only (the per-rank stages of the scale path): (rank, rows of that rank) in rank order."""
+    ranks = events["rank"]
+    if len(ranks) and not ranks.hasnans and ranks.min() == ranks.max():
+        return [(ranks.iloc[0], events)]
+    return events.groupby("rank", sort=True, observed=True)

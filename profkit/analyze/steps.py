@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.analyze import gpu
+from profkit.analyze import distinct, gpu
 from profkit.analyze import intervals as iv
 from profkit.analyze.window import recorded_window
 
@@ -93,32 +93,40 @@ def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None,
     iteration counts once. ``chosen`` = (marker key, numbered): the marker and numbering decided
     over all ranks (``choose_step_marker``) when ``events`` hold only some of them.
     """
-    host = events[events["kind"].isin(_HOST_SPAN_KINDS)]
-    names = host["name"].astype("string")
+    host, names = _host_names(events)
     for marker in step_markers(step_pattern):
         if chosen is not None and marker.key != chosen[0]:
             continue
-        hit = names.str.contains(marker.pattern, na=False).to_numpy(dtype=bool)
+        hit = distinct.contains(names, marker.pattern)
         if hit.any():
-            spans = host.loc[hit, ["rank", "start_ns", "end_ns", "name"]].astype(
-                {"rank": "int64", "start_ns": "int64", "end_ns": "int64", "name": "object"}
-            )
+            spans = _span_rows(events, host[hit])
             return _number_steps(_drop_nested(spans), marker.key, None if chosen is None else chosen[1])
         if chosen is not None:
             break
     return pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns", "name", "marker"])
 
 
+def _host_names(events: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
+    """Positions of the host span rows (cpu_span, cpu_op) and their names (one column filtered)."""
+    host = np.flatnonzero(events["kind"].isin(_HOST_SPAN_KINDS).to_numpy(dtype=bool))
+    return host, events["name"].iloc[host]
+
+
+def _span_rows(events: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """The step-span columns of the rows at ``rows`` (positions), as the step table types them."""
+    return events[["rank", "start_ns", "end_ns", "name"]].iloc[rows].astype(
+        {"rank": "int64", "start_ns": "int64", "end_ns": "int64", "name": "object"}
+    )
+
+
 def step_marker_facts(events: pd.DataFrame, step_pattern: str | None = None) -> dict[str, bool]:
     """For each step marker found in ``events`` (one rank's): whether all its spans are numbered."""
-    host = events[events["kind"].isin(_HOST_SPAN_KINDS)]
-    names = host["name"].astype("string")
+    host, names = _host_names(events)
+    markers = step_markers(step_pattern)
     facts: dict[str, bool] = {}
-    for marker in step_markers(step_pattern):
-        hit = names.str.contains(marker.pattern, na=False).to_numpy(dtype=bool)
+    for marker, hit in zip(markers, distinct.contains_each(names, [m.pattern for m in markers])):
         if hit.any():
-            spans = _drop_nested(host.loc[hit, ["rank", "start_ns", "end_ns", "name"]].astype(
-                {"rank": "int64", "start_ns": "int64", "end_ns": "int64", "name": "object"}))
+            spans = _drop_nested(_span_rows(events, host[hit]))
             facts[marker.key] = bool(spans["name"].str.extract(_NUMBER_RE, expand=False).notna().all())
     return facts
 
@@ -250,10 +258,14 @@ def step_table(events: pd.DataFrame, step_pattern: str | None = None,
         out["whole_period"] = out["whole_period"].astype(bool)
         return out
     parts = []
+    event_ranks = events["rank"].to_numpy(dtype=np.float64, na_value=np.nan)  # float: a null rank matches none
+    is_gpu = gpu.kind_mask(events, schema.GPU_KINDS)
+    is_kernel = gpu.kind_mask(events, (schema.KERNEL,))
     for rank, rank_spans in spans.groupby("rank", sort=True):
-        rank_events = events[events["rank"] == rank]
-        busy = gpu.busy_intervals(rank_events)
-        kernels = gpu.kernel_intervals(rank_events)
+        mine = event_ranks == rank
+        busy = iv.union(gpu.times(events, "start_ns", mine & is_gpu), gpu.times(events, "end_ns", mine & is_gpu))
+        kernels = iv.union(gpu.times(events, "start_ns", mine & is_kernel),
+                           gpu.times(events, "end_ns", mine & is_kernel))
         lo = rank_spans["start_ns"].to_numpy(np.int64)
         hi = rank_spans["end_ns"].to_numpy(np.int64)
         part = rank_spans.copy()

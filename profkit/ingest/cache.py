@@ -1,9 +1,15 @@
-"""Parquet cache of parsed traces, so a second analysis of the same files does not parse again.
+"""Cache of parsed traces (Arrow IPC files), so a second analysis of the same files does not parse again.
 
 Keyed by the file's absolute path, size, mtime and the schema/reader versions: an edited
 or replaced file misses the cache. Lives under ``$PROFKIT_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/profkit`` or ``~/.cache/profkit``) because trace folders are often
 read-only. Disable with ``PROFKIT_CACHE=0``.
+
+Why Arrow IPC (Feather v2, lz4) and not Parquet: every cold run writes the cache, so its cost
+is paid on every first look at a capture. Measured on a simulated rank of 389k events (CPU
+time, pyarrow 26): Parquet zstd 141 ms to write and 86 ms to read back (3.8 MB); Arrow IPC lz4
+50 ms and 38 ms (13.3 MB, about the size of the gzip'd JSON it replaces). Entries written by
+the Parquet versions (reader version 1) are simply not found (the key changed).
 """
 from __future__ import annotations
 
@@ -16,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.feather as feather
 
 from profkit import schema
 from profkit.ingest.base import RankPart
 
-READER_VERSION = 1
+READER_VERSION = 2  # 2: Arrow IPC entries (1: Parquet)
 _META_KEY = b"profkit.part"
 
 
@@ -58,7 +64,9 @@ def load(path: Path, options: dict | None = None) -> list[RankPart] | None:
         n_parts = json.loads(done.read_text())["n_parts"]
         parts = []
         for i in range(n_parts):
-            table = pq.read_table(entry / f"part-{i}.parquet")
+            # one thread: the file holds a record batch per 16k rows, and a thread pool per small buffer
+            # cost ~7x the CPU (0.20 s vs 0.07 s for 8 ranks of 67k events)
+            table = feather.read_table(entry / f"part-{i}.arrow", memory_map=False, use_threads=False)
             info = json.loads(table.schema.metadata[_META_KEY])
             table = table.replace_schema_metadata(None).cast(schema.ARROW_SCHEMA)
             parts.append(RankPart(table=table, **info))
@@ -89,7 +97,7 @@ def store(path: Path, parts: list[RankPart], options: dict | None = None) -> Non
                 "warnings": part.warnings,
             }
             table = part.table.replace_schema_metadata({_META_KEY: json.dumps(info, default=str).encode()})
-            pq.write_table(table, tmp / f"part-{i}.parquet", compression="zstd")
+            feather.write_feather(table, tmp / f"part-{i}.arrow", compression="lz4")
         (tmp / "parts.json").write_text(json.dumps({"n_parts": len(parts)}))
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)

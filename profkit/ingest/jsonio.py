@@ -19,11 +19,28 @@ import re
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
 from profkit.errors import TraceError
+
+try:  # ISA-L inflate: ~3x zlib's speed (a 182 MB rank: 0.08 s vs 0.27 s); optional, ``pip install profkit[fast]``
+    from isal import igzip as _igzip
+    from isal.isal_zlib import error as _IsalError
+except ImportError:  # pragma: no cover - depends on what is installed
+    _igzip = None
+    _IsalError = zlib.error
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, _IsalError)
+
+
+def gzip_reader(fileobj):
+    """A file object inflating ``fileobj`` (gzip): ISA-L's when installed, else the standard library's."""
+    return _igzip.IGzipFile(fileobj=fileobj, mode="rb") if _igzip is not None else gzip.GzipFile(fileobj=fileobj, mode="rb")
+
+
+def gunzip(data: bytes) -> bytes:
+    return _igzip.decompress(data) if _igzip is not None else gzip.decompress(data)
 
 # 256 KB of JSON per parse (~1.5 MB of dicts alive). Measured on 8 x 25 MB Kineto traces:
 # 256-512 KB pieces load in 1.2 s with ~2k page faults, 2 MB pieces in 1.9 s with ~280k.
@@ -76,8 +93,8 @@ def read_bytes(path: str | Path) -> bytes:
         raise _open_error(path, exc) from None
     if raw[:2] == GZIP_MAGIC:
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error, ValueError) as exc:
+            raw = gunzip(raw)
+        except (OSError, ValueError, *GZIP_ERRORS) as exc:
             raise _gunzip_error(path, exc) from None
     elif raw[:4] == ZSTD_MAGIC:
         raise TraceError(path, "zstd-compressed file: decompress it first (zstd -d)")
@@ -97,9 +114,9 @@ def read_head(path: str | Path, n_bytes: int = HEAD_BYTES) -> bytes:
             fh.seek(0)
             if magic == GZIP_MAGIC:
                 try:
-                    with gzip.GzipFile(fileobj=fh) as gz:
+                    with gzip_reader(fh) as gz:
                         head = gz.read(n_bytes)
-                except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                except GZIP_ERRORS as exc:
                     raise _gunzip_error(path, exc) from None
             else:
                 head = fh.read(n_bytes)
@@ -196,7 +213,7 @@ class _Stream:
         if magic[:4] == ZSTD_MAGIC:
             self.close()
             raise TraceError(self.path, "zstd-compressed file: decompress it first (zstd -d)")
-        self._fh: Any = gzip.GzipFile(fileobj=self._raw, mode="rb") if magic[:2] == GZIP_MAGIC else self._raw
+        self._fh: Any = gzip_reader(self._raw) if magic[:2] == GZIP_MAGIC else self._raw
         self.eof = False
         self._started = False
 
@@ -205,7 +222,7 @@ class _Stream:
             return b""
         try:
             data = self._fh.read(n_bytes)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except GZIP_ERRORS as exc:
             raise _gunzip_error(self.path, exc) from None
         except OSError as exc:
             raise _open_error(self.path, exc) from None
@@ -236,7 +253,7 @@ class _Stream:
                     self.close()
                     break
                 total += got
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except GZIP_ERRORS as exc:
             raise _gunzip_error(self.path, exc) from None
         except OSError as exc:
             raise _open_error(self.path, exc) from None
@@ -247,7 +264,7 @@ class _Stream:
             if fh is not None:
                 try:
                     fh.close()
-                except (OSError, EOFError, zlib.error):
+                except (OSError, *GZIP_ERRORS):
                     pass
 
 
@@ -371,12 +388,15 @@ class TraceJSON:
     def _eof(self) -> bool:
         return self._stream is None or self._stream.eof
 
-    def chunks(self, chunk_bytes: int | None = None) -> Iterator[list]:
+    def chunks(self, chunk_bytes: int | None = None, decode: Callable[[Any], list | None] | None = None) -> Iterator[list]:
         """Yield the events as lists; sets ``header`` once the tail is read.
 
+        ``decode`` turns one piece (a JSON array's bytes) into its events, or None when the bytes
+        are not JSON (default: orjson into dicts; ``typedjson.decode_piece`` into structs).
         Raises ChunkingFailed (possibly after yielding) when a cut does not verify.
         """
         chunk_bytes = chunk_bytes or CHUNK_BYTES
+        decode = decode or _orjson_list
         if self.whole_events is not None:
             yield self.whole_events
             return
@@ -405,7 +425,7 @@ class TraceJSON:
                 for _ in range(_MAX_RETRIES):
                     if m is None:
                         break
-                    events = _parse_piece(buf, view, m.start() + 1)
+                    events = _parse_piece(buf, view, m.start() + 1, decode)
                     if events is not None:
                         break
                     m = _CUT.search(buf, m.end(), 1 + n)
@@ -428,12 +448,12 @@ class TraceJSON:
                 view[1 : 1 + rest] = view[start : start + rest]
                 n = rest
                 want = 2 * chunk_bytes
-            yield self._last_chunk(buf, view, n)
+            yield self._last_chunk(buf, view, n, decode)
         finally:
             view.release()
             self.close()
 
-    def _last_chunk(self, buf: bytearray, view: memoryview, n: int) -> list:
+    def _last_chunk(self, buf: bytearray, view: memoryview, n: int, decode: Callable[[Any], list | None]) -> list:
         """Find where the event array ends (its ']') and parse the document's tail."""
         hi = 1 + n
         for _ in range(16):
@@ -454,7 +474,7 @@ class TraceJSON:
             if _skip_ws(buf, 1, q) == q:
                 events: list | None = []  # empty array
             else:
-                events = _parse_piece(buf, view, q)  # buf[q] is the "]" already
+                events = _parse_piece(buf, view, q, decode)  # buf[q] is the "]" already
             if events is None:
                 continue
             if self.form == "object":
@@ -467,17 +487,22 @@ class TraceJSON:
 _OPEN, _CLOSE = ord("["), ord("]")
 
 
-def _parse_piece(buf: bytearray, view: memoryview, cut: int) -> list | None:
+def _orjson_list(data) -> list | None:
+    try:
+        events = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return events if isinstance(events, list) else None
+
+
+def _parse_piece(buf: bytearray, view: memoryview, cut: int, decode: Callable[[Any], list | None]) -> list | None:
     """The events in buf[1:cut] (buf[0] is "["), parsed in place with a "]" at ``cut``; None if that is not JSON."""
     saved = buf[cut]
     buf[cut] = _CLOSE
     try:
-        events = orjson.loads(view[: cut + 1])
-    except orjson.JSONDecodeError:
-        return None
+        return decode(view[: cut + 1])
     finally:
         buf[cut] = saved
-    return events if isinstance(events, list) else None
 
 
 def _close_array(data: bytes) -> bytes | None:

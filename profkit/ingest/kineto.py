@@ -19,6 +19,7 @@ from profkit.ingest.base import RankPart
 from profkit.ingest.collectives import as_int
 from profkit.ingest.jsonio import ChunkingFailed, TraceJSON, gc_paused, read_head
 from profkit.ingest.traceevents import KINETO_CATS, EventColumns, Spec
+from profkit.ingest.typedjson import decode_piece
 
 SOURCE = "kineto"
 _VERSION_KEYS = (
@@ -70,7 +71,7 @@ def read_trace_json(path: str | Path, source: str, cat_spec: Callable[[str | Non
             cols = EventColumns(cat_spec)
             chunked = doc.whole_events is None
             try:
-                for chunk in doc.chunks():
+                for chunk in doc.chunks(decode=decode_piece):
                     cols.add(chunk)
                     del chunk  # else two chunks of dicts are alive while the next one parses
             except ChunkingFailed:

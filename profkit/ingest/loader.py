@@ -95,7 +95,7 @@ def sniff(path: Path) -> str:
 
 
 def read_file(path: Path, pid_to_rank: dict[int, int] | None = None) -> list[RankPart]:
-    """Parse one file with the right reader (through the Parquet cache)."""
+    """Parse one file with the right reader (through the parsed-trace cache)."""
     options = {"pid_to_rank": sorted(pid_to_rank.items())} if pid_to_rank else None
     cached = cache.load(path, options)
     if cached is not None:

@@ -174,7 +174,14 @@ def _finish(tbl: pa.Table, kind: str, category: str, name: pa.Array, **cols: pa.
             out[f.name] = tbl[f.name]
         else:
             out[f.name] = pa.nulls(n, f.type)
-    return pa.table([pa.array(out[f.name], type=f.type) for f in RAW_SCHEMA], schema=RAW_SCHEMA)
+    return pa.table([_as_array(out[f.name], f.type) for f in RAW_SCHEMA], schema=RAW_SCHEMA)
+
+
+def _as_array(values, typ: pa.DataType) -> pa.Array:
+    """``pa.array(values, type=typ)``; an Arrow array of that type as it is (not value by value)."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)) and values.type == typ:
+        return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    return pa.array(values, type=typ)
 
 
 def _resolved(strings: StringTable, tbl: pa.Table) -> pa.Array:

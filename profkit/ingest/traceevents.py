@@ -1,11 +1,12 @@
 """Chrome-format trace events (Kineto's too) -> columns of the profkit event schema.
 
-A tight loop appends the raw values of each event dict as one tuple per row; every
-``FLUSH_ROWS`` rows (not every parsed piece) they are checked and converted to Arrow
-arrays (numpy for time), so Python objects never pile up beyond one batch (they cost
-~200 bytes a row, the Arrow columns ~60 plus the names). Columns with odd values take a slow path;
-rare fields (collectives, bytes) are kept sparse. Timestamps become int64 ns
-exactly, see ``us_to_ns``.
+A tight loop appends the raw values of each event (a ``typedjson`` struct, or a dict where a
+piece did not fit the typed decoder) as one short tuple per row: a code for (kind, category),
+name, times, ids; a GPU row's device and stream go to lists of their own. Every ``FLUSH_ROWS``
+rows (not every parsed piece) they are checked and converted to Arrow arrays (numpy for time),
+so Python objects never pile up beyond one batch. Columns with odd values take a slow path;
+rare fields (collectives, bytes) are kept sparse. Timestamps become int64 ns exactly, see
+``us_to_ns``.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from profkit import schema as S
-from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel
+from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel, dtype_bytes, normalize_coll_name
+from profkit.ingest.typedjson import FLOW_TYPES, UNSET, TraceArgs, TraceEvent, event_dict, is_typed
 
 Spec = tuple[str, bool]  # (kind, is_device_event)
 
@@ -55,11 +57,17 @@ US_LIMIT = 4.0e15  # µs (year 2096 as epoch µs): start + dur in ns stays far i
 INT63 = (1 << 63) - 1
 _EMPTY: dict = {}
 _INT_OR_NONE = frozenset((int, type(None)))
+_MISSING = object()
+_NCCL_PREFIXES = ("nccl", "rccl")
 # branches of the hot loop (compared by identity)
 _HOST, _RUNTIME, _GPU, _FRAME = "host", "runtime", "gpu", "frame"
 # Pending rows become one batch of Arrow arrays once this many are collected (or at the
 # end): independent of the parser's piece size, so small pieces do not mean small batches.
 FLUSH_ROWS = 16384
+# The reader's Arrow buffers come from the system allocator: built batch by batch, then mostly
+# replaced (times moved by the base, GPU pids filled), they left mimalloc (pyarrow's default pool)
+# holding ~30 MB more at the peak of 8 ranks of 25 MB of JSON (253 vs 223 MB), at no measurable cost.
+POOL = pa.system_memory_pool()
 # the row checks of ``_flush``, in the order their warnings are listed
 _DROP_REASONS = ("missing or non-numeric ts", "ts out of range", "missing or non-numeric dur", "negative dur",
                  "dur out of range")
@@ -98,6 +106,9 @@ class EventColumns:
     def __init__(self, cat_spec: Callable[[str | None], Spec]):
         self._spec_of = cat_spec
         self._specs: dict[str | None, tuple] = {}
+        self._codes: dict[tuple[str, str | None], int] = {}  # (kind, category) -> the row's code
+        self._code_kind: list[str] = []
+        self._code_cat: list[str | None] = []
         self._names: dict[str, str] = {}
         self._batches: list[dict[str, Any]] = []
         self.id_names: dict[str, dict[str, str]] = {"stream": {}, "pid": {}, "tid": {}}
@@ -105,12 +116,17 @@ class EventColumns:
         self.metadata: list[dict] = []
         self.skipped: Counter = Counter()
         self.dropped: Counter = Counter()  # (why, kind) -> rows
+        self._coll_names: dict[str, str | None] = {}  # raw "Collective name" -> normalized
+        self._dtype_sizes: dict[str, int | None] = {}
         self._new_rows()
 
     def _new_rows(self) -> None:
-        # one tuple per pending row: (kind, cat, name, ts, dur, pid, tid, device, stream, correlation)
+        # one tuple per pending row: (code of (kind, category), name, ts, dur, pid, tid, correlation);
+        # device and stream of the GPU rows (gpu_rows) in lists of their own: host rows have none
         self.rows: list[tuple] = []
         self.gpu_rows: list[int] = []
+        self.gpu_device: list[Any] = []
+        self.gpu_stream: list[Any] = []
         self.coll_name: dict[int, Any] = {}
         self.coll_group: dict[int, Any] = {}
         self.coll_seq: dict[int, Any] = {}
@@ -118,7 +134,8 @@ class EventColumns:
 
     # ------------------------------------------------------------ the hot loop
     def _resolve(self, cat: str | None) -> tuple:
-        """(kind, group, cat) for a category; group picks the loop's branch (see ``_rows``)."""
+        """(kind, group, cat, code) for a category; group picks the loop's branch (see ``_rows``), code
+        names (kind, category) in the pending rows."""
         kind, on_gpu = self._spec_of(cat)
         if on_gpu:
             group = _GPU
@@ -128,14 +145,81 @@ class EventColumns:
             group = _FRAME
         else:
             group = _HOST
-        spec = self._specs[cat] = (kind, group, cat)
+        spec = self._specs[cat] = (kind, group, cat, self._code(kind, cat))
         return spec
 
-    def add(self, events: Iterable[Any]) -> None:
-        """Take one chunk of event dicts; afterwards the caller may drop them."""
-        self._rows(events)
+    def _code(self, kind: str, cat: str | None) -> int:
+        code = self._codes.get((kind, cat))
+        if code is None:
+            code = self._codes[(kind, cat)] = len(self._code_kind)
+            self._code_kind.append(kind)
+            self._code_cat.append(cat)
+        return code
+
+    def add(self, events: list[Any]) -> None:
+        """Take one chunk of events (dicts, or ``typedjson.TraceEvent`` structs: one piece is all
+        one or all the other); afterwards the caller may drop them."""
+        if is_typed(events):
+            self._rows_typed(events)
+        else:
+            self._rows(events)
         if len(self.rows) >= FLUSH_ROWS:
             self._flush()
+
+    def _rows_typed(self, events: list[TraceEvent]) -> None:
+        """``_rows`` over typed events: the same rows, the same fast-path shape (an ``X`` event with
+        object args, a category seen before and a string name); every other event goes through
+        ``_event`` as the dict orjson would have made (``typedjson.event_dict``)."""
+        rows = self.rows
+        append = rows.append
+        gpu_rows, gpu_device, gpu_stream, specs = self.gpu_rows, self.gpu_device, self.gpu_stream, self._specs
+        slow = self._event
+        KERNEL = S.KERNEL
+        row = len(rows)
+        flows = 0
+        X, FLOWS = TraceEvent, FLOW_TYPES
+        for e in events:
+            t = type(e)
+            if t is X:
+                a = e.args
+                name = e.name
+                spec = specs.get(e.cat)
+                if type(a) is TraceArgs and spec is not None and type(name) is str:
+                    kind, group, cat, code = spec
+                    if group is _RUNTIME:
+                        append((code, name, e.ts, e.dur, e.pid, e.tid, a.correlation))
+                    elif group is _GPU:
+                        dev = a.device
+                        stream = a.stream
+                        append((code, name, e.ts, e.dur, None, None, a.correlation))
+                        gpu_rows.append(row)
+                        gpu_device.append(e.pid if dev is None else dev)
+                        gpu_stream.append(e.tid if stream is None else stream)
+                        if a.collective_name is not UNSET:
+                            self._coll_typed(row, a, kind, name)
+                        elif kind is KERNEL:
+                            if name.startswith(_NCCL_PREFIXES):
+                                coll = coll_from_kernel(name)
+                                if coll is not None:
+                                    self.coll_name[row] = coll
+                        elif a.bytes is not UNSET:
+                            self.nbytes[row] = a.bytes
+                    else:
+                        append((code, name, e.ts, e.dur, e.pid, e.tid, None))
+                        if group is _HOST and a.collective_name is not UNSET:
+                            self._coll_typed(row, a, kind, name)
+                    row += 1
+                    continue
+            elif t in FLOWS:
+                flows += 1
+                continue
+            added = slow(event_dict(e), row)
+            if added == 1:
+                row += 1
+            elif added == 2:
+                flows += 1
+        if flows:
+            self.skipped["flow"] += flows
 
     def _rows(self, events: Iterable[Any]) -> None:
         """Append raw values (checked later, per column, in ``_flush``).
@@ -153,7 +237,8 @@ class EventColumns:
         """
         rows = self.rows
         append = rows.append
-        gpu_rows, names, specs = self.gpu_rows, self._names, self._specs
+        gpu_rows, gpu_device, gpu_stream = self.gpu_rows, self.gpu_device, self.gpu_stream
+        names, specs = self._names, self._specs
         slow = self._event
         KERNEL = S.KERNEL
         row = len(rows)
@@ -165,19 +250,20 @@ class EventColumns:
                 if ph == "X":
                     a = e["args"]
                     if type(a) is dict:
-                        kind, group, cat = specs[e["cat"]]
+                        kind, group, cat, code = specs[e["cat"]]
                         name = names[e["name"]]
                         if group is _RUNTIME:
-                            rec = (kind, cat, name, e["ts"], e["dur"], e["pid"], e["tid"], None, None,
-                                   a.get("correlation"))
+                            rec = (code, name, e["ts"], e["dur"], e["pid"], e["tid"], a.get("correlation"))
                         elif group is _GPU:
                             dev = a.get("device")
                             stream = a.get("stream")
-                            rec = (kind, cat, name, e["ts"], e["dur"], None, None,
-                                   e["pid"] if dev is None else dev, e["tid"] if stream is None else stream,
-                                   a.get("correlation"))
+                            if dev is None:
+                                dev = e["pid"]
+                            if stream is None:
+                                stream = e["tid"]
+                            rec = (code, name, e["ts"], e["dur"], None, None, a.get("correlation"))
                         else:
-                            rec = (kind, cat, name, e["ts"], e["dur"], e["pid"], e["tid"], None, None, None)
+                            rec = (code, name, e["ts"], e["dur"], e["pid"], e["tid"], None)
                 elif ph in FLOW_PHASES:
                     flows += 1
                     continue
@@ -193,6 +279,8 @@ class EventColumns:
             append(rec)
             if group is _GPU:
                 gpu_rows.append(row)
+                gpu_device.append(dev)
+                gpu_stream.append(stream)
                 if "Collective name" in a:
                     self._coll_args(row, a, kind, name)
                 elif kind is KERNEL:
@@ -232,9 +320,10 @@ class EventColumns:
         spec = self._specs.get(cat)
         if spec is None:
             spec = self._resolve(cat)
-        kind, group, cat = spec
+        kind, group, cat, code = spec
         if ph != "X":
             kind, group = S.INSTANT, _HOST
+            code = self._code(kind, cat)
         name = e.get("name")
         if type(name) is str:
             name = self._names.setdefault(name, name)
@@ -243,19 +332,20 @@ class EventColumns:
             a = _EMPTY
         ts = e.get("ts")
         if group is _FRAME:
-            self.rows.append((kind, cat, name, ts, dur, e.get("pid"), e.get("tid"), None, None, None))
+            self.rows.append((code, name, ts, dur, e.get("pid"), e.get("tid"), None))
         elif group is _HOST:
-            self.rows.append((kind, cat, name, ts, dur, e.get("pid"), e.get("tid"), None, None, None))
+            self.rows.append((code, name, ts, dur, e.get("pid"), e.get("tid"), None))
             if "Collective name" in a:
                 self._coll_args(row, a, kind, name)
         elif group is _RUNTIME:
-            self.rows.append((kind, cat, name, ts, dur, e.get("pid"), e.get("tid"), None, None, a.get("correlation")))
+            self.rows.append((code, name, ts, dur, e.get("pid"), e.get("tid"), a.get("correlation")))
         else:
             dev = a.get("device")
             stream = a.get("stream")
-            self.rows.append((kind, cat, name, ts, dur, None, None, e.get("pid") if dev is None else dev,
-                              e.get("tid") if stream is None else stream, a.get("correlation")))
+            self.rows.append((code, name, ts, dur, None, None, a.get("correlation")))
             self.gpu_rows.append(row)
+            self.gpu_device.append(e.get("pid") if dev is None else dev)
+            self.gpu_stream.append(e.get("tid") if stream is None else stream)
             if "Collective name" in a:
                 self._coll_args(row, a, kind, name)
             elif kind is S.KERNEL:
@@ -266,6 +356,45 @@ class EventColumns:
             elif "bytes" in a:
                 self.nbytes[row] = a["bytes"]
         return 1
+
+    def _coll_typed(self, row: int, a: TraceArgs, kind: str, event_name: Any) -> None:
+        """``_coll_args`` of typed args (``coll_from_args`` step by step; names and dtypes of
+        string values are looked up once per distinct string: record_param_comms rows are many)."""
+        raw = a.collective_name
+        if type(raw) is str:
+            name = self._coll_names.get(raw, _MISSING)
+            if name is _MISSING:
+                name = self._coll_names[raw] = normalize_coll_name(raw)
+        else:
+            name = normalize_coll_name(raw)
+        group = a.group
+        if group is not None and type(group) is not str:
+            group = str(group)
+        seq = a.seq
+        if seq is None:
+            seq = a.sequence_number
+        if type(seq) is not int:
+            seq = as_int(seq)
+        nelems = a.in_msg_nelems
+        if type(nelems) is not int:
+            nelems = as_int(nelems)
+        dtype = a.dtype
+        if type(dtype) is str:
+            size = self._dtype_sizes.get(dtype, _MISSING)
+            if size is _MISSING:
+                size = self._dtype_sizes[dtype] = dtype_bytes(dtype)
+        else:
+            size = None
+        if name is None and kind == S.KERNEL and isinstance(event_name, str):
+            name = coll_from_kernel(event_name)
+        if name is not None:
+            self.coll_name[row] = name
+        if group is not None:
+            self.coll_group[row] = group
+        if seq is not None:
+            self.coll_seq[row] = seq
+        if nelems is not None and size is not None:
+            self.nbytes[row] = nelems * size
 
     def _coll_args(self, row: int, a: dict, kind: str, event_name: Any) -> None:
         name, group, seq, nbytes = coll_from_args(a)
@@ -290,8 +419,10 @@ class EventColumns:
         n = len(self.rows)
         if not n:
             return
-        kinds, cats, names, ts, dur, pid, tid, device, stream, corr = zip(*self.rows)
+        codes, names, ts, dur, pid, tid, corr = zip(*self.rows)
         self.rows = []  # the tuples go now, the columns hold the values
+        code = np.array(codes, dtype=np.int32)
+        kinds = np.array(self._code_kind, dtype=object)[code]  # for the drop counts only (same objects)
         start_us, bad_ts = _float_column(ts)
         dur_us, bad_dur = _float_column(dur)
         with np.errstate(invalid="ignore"):  # NaN compares False: such rows are caught by the checks below
@@ -315,31 +446,36 @@ class EventColumns:
             end_ns[rows] = us_to_ns(np.fromiter(end_us.values(), dtype=np.float64, count=len(rows)))
         on_gpu = np.zeros(n, dtype=bool)
         on_gpu[self.gpu_rows] = True
+        code_array = pa.array(code)
         batch: dict[str, Any] = {
-            "kind": _str_column(kinds),
-            "category": _str_column(cats),
+            "kind": pc.take(pa.array(self._code_kind, pa.string()), code_array, memory_pool=POOL),
+            "category": pc.take(_str_column(self._code_cat), code_array, memory_pool=POOL),
             "name": _str_column(names),
             "start_ns": pa.array(start_ns, pa.int64()),
             "end_ns": pa.array(end_ns, pa.int64()),
-            "on_gpu": pa.array(on_gpu),
+            "on_gpu": pa.array(on_gpu, memory_pool=POOL),
         }
-        raw = {"device": device, "stream": stream, "pid": pid, "tid": tid, "correlation": corr}
+        raw = {"device": self.gpu_device, "stream": self.gpu_stream, "pid": pid, "tid": tid, "correlation": corr}
         for column, typ, names in _ID_COLUMNS:
-            batch[column] = _id_column(raw[column], typ, self.id_names.get(names) if names else None, column)
+            id_names = self.id_names.get(names) if names else None
+            if column in ("device", "stream"):  # GPU rows only
+                batch[column] = _scatter(self.gpu_rows, raw[column], n, typ, id_names, column)
+            else:
+                batch[column] = _id_column(raw[column], typ, id_names, column)
         sparse = {"coll_name": self.coll_name, "coll_group": self.coll_group, "coll_seq": self.coll_seq, "bytes": self.nbytes}
         for column, typ in _SPARSE_COLUMNS:
             batch[column] = _sparse(sparse[column], n, typ)
         if keep is not None and not keep.all():
             mask = pa.array(keep)
-            batch = {k: v.filter(mask) for k, v in batch.items()}
+            batch = {k: pc.filter(v, mask, memory_pool=POOL) for k, v in batch.items()}
         self._batches.append(batch)
         self._new_rows()
 
-    def _drop(self, keep: np.ndarray, bad: np.ndarray, why: str, kinds: tuple) -> None:
+    def _drop(self, keep: np.ndarray, bad: np.ndarray, why: str, kinds: np.ndarray) -> None:
         bad = bad & keep
         if bad.any():
             keep &= ~bad
-            for kind, count in Counter(k for k, b in zip(kinds, bad) if b).items():
+            for kind, count in Counter(kinds[bad]).items():  # kinds in row order of their first bad row
                 self.dropped[(why, kind)] += count
 
     # ------------------------------------------------------------ B/E pairing
@@ -405,15 +541,15 @@ class EventColumns:
         pid = column("pid", pa.int64())
         host_pid = _host_pid(kind, pid, labelled_cpu_pids)
         if host_pid is not None:
-            pid = pc.if_else(column("on_gpu", pa.bool_()), pa.scalar(host_pid, pa.int64()), pid)
+            pid = pc.if_else(column("on_gpu", pa.bool_()), pa.scalar(host_pid, pa.int64()), pid, memory_pool=POOL)
         n = len(kind)
         columns: dict[str, Any] = {
             "source": pa.chunked_array([pa.DictionaryArray.from_arrays(
                 pa.array(np.zeros(n, dtype=np.int8)), pa.array([source])).cast(pa.string())]),
             "kind": kind,
             "pid": pid,
-            "start_ns": pc.add(column("start_ns", pa.int64()), base_ns),  # |base| < 2**62, |t| < 2**62: no overflow
-            "end_ns": pc.add(column("end_ns", pa.int64()), base_ns),
+            "start_ns": pc.add(column("start_ns", pa.int64()), base_ns, memory_pool=POOL),  # |base|, |t| < 2**62
+            "end_ns": pc.add(column("end_ns", pa.int64()), base_ns, memory_pool=POOL),
         }
         for name in ("name", "category", "coll_name", "coll_group"):
             columns[name] = column(name, pa.string())
@@ -421,7 +557,7 @@ class EventColumns:
             columns.setdefault(name, column(name, typ))
         for name, typ in _SPARSE_COLUMNS:
             columns.setdefault(name, column(name, typ))
-        arrays = [columns[f.name] if f.name in columns else pa.chunked_array([pa.nulls(n, f.type)]) for f in S.ARROW_SCHEMA]
+        arrays = [columns[f.name] if f.name in columns else pa.chunked_array([pa.nulls(n, f.type, memory_pool=POOL)]) for f in S.ARROW_SCHEMA]
         table = pa.Table.from_arrays(arrays, schema=S.ARROW_SCHEMA)
         warnings = []
         by_why: dict[str, Counter] = defaultdict(Counter)
@@ -475,9 +611,9 @@ def _float_column(values: list) -> tuple[np.ndarray, np.ndarray]:
 
 def _str_column(values: list) -> pa.Array:
     try:
-        return pa.array(values, pa.string())
+        return pa.array(values, pa.string(), memory_pool=POOL)
     except (pa.ArrowException, TypeError, ValueError, UnicodeError):
-        return pa.array([_as_text(v) for v in values], pa.string())
+        return pa.array([_as_text(v) for v in values], pa.string(), memory_pool=POOL)
 
 
 def _as_text(value: Any) -> str | None:
@@ -491,7 +627,7 @@ def _as_text(value: Any) -> str | None:
 def _id_column(values: list, typ: pa.DataType, names: dict | None, what: str) -> pa.Array:
     """Integer ids; numeric strings become ints, other strings a stable hash (named in ``names``)."""
     try:
-        return pa.array(values, typ)
+        return pa.array(values, typ, memory_pool=POOL)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         pass
     lo, hi = (-(1 << 31), (1 << 31) - 1) if typ == pa.int32() else (-(1 << 63), INT63)
@@ -499,9 +635,9 @@ def _id_column(values: list, typ: pa.DataType, names: dict | None, what: str) ->
     for i in [i for i, v in enumerate(values) if type(v) not in _INT_OR_NONE]:
         fixed[i] = _as_id(values[i], lo, hi, names, what)
     try:
-        return pa.array(fixed, typ)
+        return pa.array(fixed, typ, memory_pool=POOL)
     except (pa.ArrowException, OverflowError):  # ints beyond the column's range
-        return pa.array([v if v is None or lo <= v <= hi else None for v in fixed], typ)
+        return pa.array([v if v is None or lo <= v <= hi else None for v in fixed], typ, memory_pool=POOL)
 
 
 def _as_id(v: Any, lo: int, hi: int, names: dict | None, what: str) -> int | None:
@@ -516,9 +652,24 @@ def _as_id(v: Any, lo: int, hi: int, names: dict | None, what: str) -> int | Non
     return i if i is not None and lo <= i <= hi else None
 
 
+def _scatter(rows: list[int], values: list, n: int, typ: pa.DataType, names: dict | None, what: str) -> pa.Array:
+    """A column of ``n`` ids holding ``values`` (converted by ``_id_column``) at ``rows``, null elsewhere."""
+    if not rows:
+        return pa.nulls(n, typ, memory_pool=POOL)
+    compact = _id_column(values, typ, names, what)
+    if len(rows) == n:
+        return compact
+    at = np.asarray(rows, dtype=np.int64)
+    full = np.zeros(n, dtype=np.int32 if typ == pa.int32() else np.int64)
+    valid = np.zeros(n, dtype=bool)
+    full[at] = compact.fill_null(0).to_numpy()
+    valid[at] = compact.is_valid().to_numpy(zero_copy_only=False)
+    return pa.array(full, type=typ, mask=~valid, memory_pool=POOL)
+
+
 def _sparse(values: dict[int, Any], n: int, typ: pa.DataType) -> pa.Array:
     if not values:
-        return pa.nulls(n, typ)
+        return pa.nulls(n, typ, memory_pool=POOL)
     full: list = [None] * n
     for row, v in values.items():
         full[row] = v

@@ -121,12 +121,12 @@ class StoreSource:
         self.store, self.ranks, self.meta, self.parts = store, list(ranks), capture.meta, capture.parts
 
     def events(self, rank: int) -> pd.DataFrame:
-        return self.store.get(stages.events_key(rank))
+        return stages.rank_events(self.store, rank)
 
     def summary(self, rank: int):
         from profkit.export.source import SUMMARY_COLUMNS, summarize_rank
 
-        return summarize_rank(rank, self.store.get(stages.events_key(rank), list(SUMMARY_COLUMNS)))
+        return summarize_rank(rank, stages.rank_events(self.store, rank, list(SUMMARY_COLUMNS)))
 
 
 def merge_paths(

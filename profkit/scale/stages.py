@@ -47,6 +47,7 @@ from profkit.analyze.syncpoints import span_facts, wait_intervals
 from profkit.analyze.window import clip_to_recorded
 from profkit.errors import TraceError
 from profkit.ingest.cache import table_with_rank
+from profkit.scale.store import arrow_frame_table
 
 KILL_ENV = "PROFKIT_TEST_KILL_TASK"  # tests only: "stage:rank[:flagfile]" makes that task's process die
 
@@ -59,6 +60,7 @@ class TaskStats:
     wall_s: float
     peak_rss_bytes: int
     events: int
+    cpu_s: float = 0.0  # this process's CPU time in the task (threads included): wall time alone misleads on a busy machine
 
 
 def _peak_rss_bytes() -> int:
@@ -75,9 +77,15 @@ def _peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def _stats(stage: str, rank: int | None, t0: float, events: int) -> TaskStats:
+def _clock() -> tuple[float, float]:
+    """(wall, CPU) now: a task's start, for ``_stats``."""
+    return time.perf_counter(), time.process_time()
+
+
+def _stats(stage: str, rank: int | None, t0: tuple[float, float], events: int) -> TaskStats:
     return TaskStats(stage=stage, rank=rank, worker=f"{socket.gethostname()}:{os.getpid()}",
-                     wall_s=time.perf_counter() - t0, peak_rss_bytes=_peak_rss_bytes(), events=int(events))
+                     wall_s=time.perf_counter() - t0[0], peak_rss_bytes=_peak_rss_bytes(), events=int(events),
+                     cpu_s=time.process_time() - t0[1])
 
 
 def _maybe_die(stage: str, rank: int | None) -> None:
@@ -130,10 +138,10 @@ class FileResult:
 
 
 def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, store) -> FileResult:
-    """Read one trace file (through the Parquet cache) and keep each part's table in the store."""
+    """Read one trace file (through the parsed-trace cache) and keep each part's table in the store."""
     from profkit.ingest.loader import part_gpu_events, part_pids, read_file
 
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("read", index)
     out = FileResult(index=index, path=path)
     try:
@@ -149,7 +157,7 @@ def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, st
     n = 0
     for j, part in enumerate(parts):
         key = f"part-{index}-{j}"
-        store.put_table(key, part.table)
+        store.put_table(key, arrow_frame_table(part.table))  # readable as the rank's events as it is
         n += part.table.num_rows
         out.parts.append(PartInfo(path=part.path, source=part.source, rank=part.rank, rank_origin=part.rank_origin,
                                   key=part.key, meta=part.meta, warnings=list(part.warnings),
@@ -162,6 +170,16 @@ def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, st
 # ---- stage 1: per rank, before alignment ------------------------------------------------------
 def events_key(rank: int) -> str:
     return f"events-{rank}"
+
+
+def rank_events(store, rank: int, columns: list[str] | None = None) -> pd.DataFrame:
+    """The rank's events from the store, with its rank column filled (a single part is stored as the
+    reader made it, before ranks were resolved)."""
+    events = store.get(events_key(rank), columns)
+    if "rank" in events.columns and len(events) and events["rank"].hasnans:
+        events = events.assign(rank=pd.array(np.full(len(events), rank, dtype=np.int32),
+                                             dtype=pd.ArrowDtype(pa.int32())))
+    return events
 
 
 def candidates_key(rank: int) -> str:
@@ -183,14 +201,18 @@ class PrepareResult:
 
 def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | None) -> PrepareResult:
     """Join the rank's parts into its event table (kept in the store) and take its clock facts."""
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("prepare", rank)
-    if part_keys:
-        tables = [table_with_rank(store.get_table(k), rank) for k in part_keys]
+    if len(part_keys) == 1 and (store.rename(part_keys[0], events_key(rank)) or store.has(events_key(rank))):
+        # one part (the common case): it is the rank's events as stored (rank column left null:
+        # ``rank_events`` fills it); a retried task finds it already moved
+        events = rank_events(store, rank)
+    elif part_keys:
+        tables = [table_with_rank(store.get_table(k).replace_schema_metadata(None), rank) for k in part_keys]
         events = schema.to_frame(pa.concat_tables(tables))
         store.put(events_key(rank), events)  # the parts are dropped by the driver: a retried task reads them again
     else:
-        events = store.get(events_key(rank))
+        events = rank_events(store, rank)
     clock = prepare_rank(events) if len(events) else None
     if clock is not None:
         store.put(candidates_key(rank), clock.candidates)  # reused on the common clock by rank_task
@@ -234,9 +256,9 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
               store, keep_aligned: bool = False, sync_names: dict[str, str] | None = None) -> RankResult:
     """Everything one rank's events say on their own, on the common clock. ``sync_names``: span
     names the driver recognized as sync points across ranks (``syncpoints.decide_sync_names``)."""
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("rank", rank)
-    events = store.get(events_key(rank))
+    events = rank_events(store, rank)
     duplicates: dict = {}
     if alignment is not None and len(events):
         events, duplicates = drop_duplicate_spans(apply_alignment(events, alignment))
@@ -291,7 +313,7 @@ def finish_task(rank: int, windows: dict[str, pd.DataFrame] | None, arrivals: pd
     arriver (``arrivals``: the rank's rows of ``overhead.arrivals_from_match``), summarized."""
     from profkit.analyze.compare import cause_step_table
 
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("finish", rank)
     phases, n = None, 0
     if windows is not None:
@@ -325,7 +347,7 @@ def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, stor
     """The rank's replay program (``impact_program.rank_program``): its sync points (``syncs``,
     the rank's rows), steps, timeline pieces and GPU activity, as a few points per sync point;
     removable GPU work only of ``gpu_phases`` (the stragglers' GPU phases)."""
-    t0 = time.perf_counter()
+    t0 = _clock()
     _maybe_die("impact", rank)
     host, gpu, ops = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}"), store.get(gpu_ops_key(rank))
     program = impact_program.rank_program(rank, syncs, steps if steps is not None else pd.DataFrame(), host, ops, gpu,
@@ -343,7 +365,7 @@ def drop_rank_tables(store, rank: int) -> None:
 
 def stats_frame(stats: list[TaskStats | None]) -> pd.DataFrame:
     rows = [s.__dict__ for s in stats if s is not None]
-    cols = ["stage", "rank", "worker", "wall_s", "peak_rss_bytes", "events"]
+    cols = ["stage", "rank", "worker", "wall_s", "peak_rss_bytes", "events", "cpu_s"]
     out = pd.DataFrame(rows, columns=cols)
     out["rank"] = out["rank"].astype("Int64")
     out["peak_rss_bytes"] = out["peak_rss_bytes"].astype(np.int64)

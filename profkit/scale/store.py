@@ -43,6 +43,15 @@ def frame_to_table(frame: pd.DataFrame) -> pa.Table:
     return table.replace_schema_metadata(meta)
 
 
+def arrow_frame_table(table: pa.Table) -> pa.Table:
+    """An Arrow table (e.g. a reader's event table) marked so ``table_to_frame`` gives every column an
+    ``ArrowDtype``, as ``frame_to_table`` of its ``schema.to_frame`` would: a part stored this way can
+    be read back as a frame without converting it in between."""
+    meta = dict(table.schema.metadata or {})
+    meta[_KINDS_KEY] = json.dumps({name: "arrow" for name in table.column_names}).encode()
+    return table.replace_schema_metadata(meta)
+
+
 def table_to_frame(table: pa.Table) -> pd.DataFrame:
     """The frame ``frame_to_table`` stored: same columns, dtypes and values (a fresh 0..n-1 index)."""
     raw = (table.schema.metadata or {}).get(_KINDS_KEY)
@@ -77,6 +86,9 @@ class MemoryStore:
         self._frames[key] = frame.reset_index(drop=True)
 
     def get(self, key: str, columns: list[str] | None = None) -> pd.DataFrame:
+        if key not in self._frames and key in self._tables:  # a table put as a frame's (``arrow_frame_table``)
+            table = self._tables[key]
+            return table_to_frame(table.select(list(columns)) if columns is not None else table)
         frame = self._frames[key]
         return frame[list(columns)] if columns is not None else frame
 
@@ -89,6 +101,19 @@ class MemoryStore:
     def drop(self, key: str) -> None:
         self._frames.pop(key, None)
         self._tables.pop(key, None)
+
+    def has(self, key: str) -> bool:
+        return key in self._frames or key in self._tables
+
+    def rename(self, old: str, new: str) -> bool:
+        """Move the table under ``old`` to ``new`` (False when ``old`` holds nothing)."""
+        if old in self._tables:
+            self._tables[new] = self._tables.pop(old)
+        elif old in self._frames:
+            self._frames[new] = self._frames.pop(old)
+        else:
+            return False
+        return True
 
     def close(self) -> None:
         self._frames.clear()
@@ -122,10 +147,21 @@ class DiskStore:
 
     def get_table(self, key: str, columns: list[str] | None = None) -> pa.Table:
         return feather.read_table(self._path(key), columns=list(columns) if columns is not None else None,
-                                  memory_map=False)
+                                  memory_map=False, use_threads=False)  # workers are processes already
 
     def drop(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def has(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def rename(self, old: str, new: str) -> bool:
+        """Move the file under ``old`` to ``new`` (atomic; False when ``old`` holds nothing)."""
+        try:
+            self._path(old).replace(self._path(new))
+        except FileNotFoundError:
+            return False
+        return True
 
     def close(self) -> None:
         if self.owned:

@@ -1,0 +1,56 @@
+"""Work on a string column's distinct values instead of its rows: regex tests, Python strings.
+
+Why: an event table has hundreds of thousands of rows but a few hundred distinct names, sources
+and categories (kernel and span names repeat every step). pandas runs a compiled pattern with
+flags through Python's ``re`` row by row, and ``astype(str)`` makes a Python string per row.
+Factorizing first (pyarrow's hash, codes in order of first appearance) and working on the
+distinct values with the very same calls gives the same results at a fraction of the cost.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+
+def contains(names: pd.Series, pattern: str | re.Pattern[str], as_string: bool = True) -> np.ndarray:
+    """``names[.astype("string")].str.contains(pattern, na=False)`` as a bool array, computed on the
+    distinct values (same pandas call, so the same regex engine and semantics)."""
+    if len(names) == 0:
+        return np.zeros(0, dtype=bool)
+    codes, uniques = pd.factorize(names, use_na_sentinel=True)
+    distinct = pd.Series(uniques)
+    if as_string:
+        distinct = distinct.astype("string")
+    hit = distinct.str.contains(pattern, na=False).to_numpy(dtype=bool)
+    return _spread(codes, hit)
+
+
+def contains_each(names: pd.Series, patterns: list[str | re.Pattern[str]], as_string: bool = True) -> list[np.ndarray]:
+    """``contains`` for several patterns over one column (factorized once)."""
+    if len(names) == 0:
+        return [np.zeros(0, dtype=bool) for _ in patterns]
+    codes, uniques = pd.factorize(names, use_na_sentinel=True)
+    distinct = pd.Series(uniques)
+    if as_string:
+        distinct = distinct.astype("string")
+    return [_spread(codes, distinct.str.contains(p, na=False).to_numpy(dtype=bool)) for p in patterns]
+
+
+def _spread(codes: np.ndarray, hit: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(codes), dtype=bool)
+    valid = codes >= 0
+    if hit.size:
+        out[valid] = hit[codes[valid]]
+    return out
+
+
+def str_objects(values: pd.Series) -> np.ndarray:
+    """``values.astype(str).to_numpy()`` (an object array of Python strings) with one string object
+    per distinct value, shared by its rows."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    if (codes < 0).any():  # nulls: let pandas spell them as astype(str) does
+        return values.astype(str).to_numpy()
+    distinct = pd.Series(uniques).astype(str).to_numpy(dtype=object)
+    return distinct[codes] if len(distinct) else np.empty(0, dtype=object)
