@@ -49,6 +49,7 @@ if _fb and os.path.isdir(_fb) and _fb not in sys.path:
 
 FAULTS_ENV = "VLLM_WORKLOAD_FAULTS"
 TRUTH_ENV = "VLLM_WORKLOAD_TRUTH_DIR"
+TOGGLE_ENV = "VLLM_WORKLOAD_HOOK_TOGGLE"  # "every=N,start=S": profkit's hooks off/on in blocks of N steps
 
 
 # -- faults (installed in every process at import; only the engine core calls the scheduler) -------
@@ -137,8 +138,45 @@ def install_faults(specs: list[dict]) -> None:
         setattr(owner, attr, faulty)
 
 
+def install_hook_toggle(text: str) -> None:
+    """In the engine core: every ``every``-th scheduler step from ``start``, remove profkit's hooks
+    (``Hooks.remove``: the original methods back, no wrapper left) or install them again, and write
+    ``{kind: toggle, hooks_on, call, start_mono_ns}`` to the truth file: the in-process A/B of
+    ``benchmarks/vllm_overhead.py --interleaved`` (same engine, same GPU state, alternating blocks).
+    The toggle rides on ``KVCacheManager.take_events`` (once per step, no hook target)."""
+    from vllm.v1.core import kv_cache_manager
+
+    spec = {k: int(v) for k, _, v in (p.partition("=") for p in text.split(",") if p)}
+    every, start = spec.get("every", 50), spec.get("start", 100)
+    truth = _Truth()
+    owner, attr = kv_cache_manager.KVCacheManager, "take_events"
+    original = getattr(owner, attr)
+    calls, state = [0], [True]
+
+    def toggled(self, *args, **kwargs):
+        calls[0] += 1
+        n = calls[0]
+        if n >= start and (n - start) % every == 0:
+            try:
+                from profkit.instrument import autostart
+            except ImportError:
+                hooks = None
+            else:
+                hooks = autostart._active[0] if autostart._active else None
+            state[0] = not state[0]
+            if hooks is not None:
+                hooks.install() if state[0] else hooks.remove()
+            truth.write(kind="toggle", hooks_on=state[0], has_hooks=hooks is not None, call=n,
+                        start_mono_ns=time.monotonic_ns(), start_wall_ns=time.time_ns(), dur_ns=0)
+        return original(self, *args, **kwargs)
+
+    setattr(owner, attr, toggled)
+
+
 if os.environ.get(FAULTS_ENV):
     install_faults(parse_faults(os.environ[FAULTS_ENV]))
+if os.environ.get(TOGGLE_ENV):
+    install_hook_toggle(os.environ[TOGGLE_ENV])
 
 
 # -- the front end ----------------------------------------------------------------------------------
