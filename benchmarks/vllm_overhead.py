@@ -215,18 +215,27 @@ def interleaved_summary(run: dict, skip: int) -> dict:
             "on_steps": len(on_all), "off_steps": len(off_all),
             "on_mean_ms": statistics.fmean(on_all) if on_all else float("nan"),
             "off_mean_ms": statistics.fmean(off_all) if off_all else float("nan"),
-            "overhead": mean, "lo": mean - half, "hi": mean + half}
+            "overhead": mean, "lo": mean - half, "hi": mean + half, "ratios": ratios}
 
 
 def summarize_interleaved(res: dict) -> str:
+    pooled: list[dict] = []
     lines = ["| run | hooks toggled | blocks (on) | steps on / off | on mean ms | off mean ms | on / off - 1 (95% interval) |",
              "|---|---|---|---|---|---|---|"]
     for run in res["interleaved"]:
         s = interleaved_summary(run, res["args"]["skip"])
+        if s["profkit"]:
+            pooled.append(s)
         what = "profkit's (engine core)" if s["profkit"] else "none (no profkit: null control)"
         lines.append(f"| {s['label']} | {what} | {s['blocks']} ({s['on_blocks']}) | {s['on_steps']} / {s['off_steps']} | "
                      f"{s['on_mean_ms']:.4f} | {s['off_mean_ms']:.4f} | {s['overhead'] * 100:+.2f}% "
                      f"({s['lo'] * 100:+.2f}% .. {s['hi'] * 100:+.2f}%) |")
+    if len(pooled) > 1:  # every on-block ratio of every profkit run, one interval
+        ratios = [r for s in pooled for r in s["ratios"]]
+        mean = statistics.fmean(ratios)
+        half = t95(len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
+        lines.append(f"| all profkit runs | profkit's (engine core) | ({len(ratios)}) | | | | "
+                     f"{mean * 100:+.2f}% ({(mean - half) * 100:+.2f}% .. {(mean + half) * 100:+.2f}%) |")
     return "\n".join(lines)
 
 
@@ -242,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interleaved", action="store_true",
                     help="one profkit run whose engine core toggles the hooks every --block steps, "
                          "and the same run without profkit (null control); then the pairs, if --pairs")
-    ap.add_argument("--block", type=int, default=50, help="steps per hooks-on / hooks-off block")
+    ap.add_argument("--block", type=int, default=16, help="steps per hooks-on / hooks-off block")
+    ap.add_argument("--interleaved-runs", type=int, default=2, help="profkit runs with toggled hooks (plus one null control)")
     ap.add_argument("--out", metavar="JSON", help="write every run's numbers here")
     ap.add_argument("--report", metavar="JSON", help="print the table of an earlier --out and exit")
     args = ap.parse_args(argv)
@@ -261,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.interleaved:
             toggle = f"every={args.block},start={args.skip}"
             res["interleaved"] = []
-            for profkit in (True, False):
-                res["interleaved"].append(one_run(args, work, f"interleaved-{'profkit' if profkit else 'plain'}",
+            order = [True, False] + [True] * (args.interleaved_runs - 1)  # the null control second
+            for i, profkit in enumerate(order):
+                res["interleaved"].append(one_run(args, work, f"interleaved{i}-{'profkit' if profkit else 'plain'}",
                                                   profkit, args.tokens, toggle=toggle))
                 if args.out:
                     Path(args.out).write_text(json.dumps(res))

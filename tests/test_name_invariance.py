@@ -20,6 +20,8 @@ aligned ends, not from names; names only add evidence (``profkit.analyze.syncpoi
 """
 from __future__ import annotations
 
+import json
+
 import re
 
 import numpy as np
@@ -138,7 +140,16 @@ def test_span_files_alone_find_the_dp_sync_by_aligned_ends():
     sp = other.sync_points
     dp = sp[sp["span_name"].map(lambda n: inverse.get(n, n)) == "GPUModelRunner.sync_dp_padding"]
     assert len(dp) and (dp["evidence"] == "aligned_ends").all()
-    assert 1 in base.straggler_ranks and base.stragglers.set_index("rank").loc[1, "top_cause"] == "gc"
+    # the injected GCs (rank 1, steps 12, 16, 20: engine/truth.json) are rank 1's episodes, named gc.
+    # (Not asserted: rank 1 in the whole-run verdict. Its 324 ms of GC sit at the 5% excess
+    # threshold of this 24-step run (330 ms), beside rank 3's 290 ms profiler start at step 10.)
+    ep = base.straggler_episodes
+    mine = ep[(ep["rank"] == 1) & (ep["cause"] == "gc")]
+    assert sorted(mine["step"].astype(int)) == [12, 16, 20], ep
+    truth = json.loads((files[0].parent / "engine" / "truth.json").read_text())
+    measured = dict(zip([12, 16, 20], truth["causes"][0]["measured_ms"]))
+    for row in mine.itertuples():
+        assert abs(row.cause_excess_ns / 1e6 / measured[int(row.step)] - 1) < 0.10, (row.step, row.cause_excess_ns)
     check(base, other, inverse)
 
 

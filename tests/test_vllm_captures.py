@@ -33,7 +33,7 @@ import pytest
 from profkit.cli.main import main as profkit_main
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces" / "vllm-0.26-h200"
-CAPTURES = ("torch_clean", "torch_faults", "nsys_faults", "native_clean", "native_faults")
+CAPTURES = ("torch_clean", "torch_faults", "nsys_clean", "nsys_faults", "native_clean", "native_faults")
 pytestmark = pytest.mark.xdist_group("vllm_captures")  # one worker analyzes each capture once
 
 
@@ -105,7 +105,7 @@ def test_steps_and_step_time_match_the_front_end(analyzed, name):
 
 @pytest.mark.parametrize("name", ["torch_faults", "nsys_faults"])
 def test_injected_gc_and_sleep_named_with_their_size(analyzed, name):
-    out, clean = analyzed[name], analyzed["torch_clean"]
+    out, clean = analyzed[name], analyzed[name.replace("faults", "clean")]
     lo, hi, steps = _window(out)
     gc_true, n_gc = _injected_ns(name, "gc", lo, hi)
     sleep_true, n_sleep = _injected_ns(name, "sleep", lo, hi)
@@ -154,7 +154,17 @@ def test_native_trace_charges_the_gap_between_annotations(analyzed):
     assert pd.read_csv(out / "causes.csv").iloc[0]["cause"] == "host work between steps"
 
 
-@pytest.mark.parametrize("name", ["torch_clean", "native_clean"])
+def test_torch_and_nsys_agree_on_the_clean_run(analyzed):
+    """The same workload under torch.profiler and under Nsight Systems (two runs): the same step
+    count and the same top three causes (their order may differ where two are close)."""
+    tops = {}
+    for name in ("torch_clean", "nsys_clean"):
+        _, _, steps = _window(analyzed[name])
+        tops[name] = (len(steps), set(pd.read_csv(analyzed[name] / "causes.csv").head(3)["cause"]))
+    assert tops["torch_clean"] == tops["nsys_clean"], tops
+
+
+@pytest.mark.parametrize("name", ["torch_clean", "nsys_clean", "native_clean"])
 def test_clean_captures_name_no_fault(analyzed, name):
     out = analyzed[name]
     assert _cause_ns(out, "gc") < 10e6
