@@ -470,11 +470,9 @@ def test_no_torch_import():
 
 # ---- read back through profkit's readers --------------------------------------------------------------
 def test_readers_read_simulated_output(kineto2, nsys2):
-    try:
-        from profkit.ingest.kineto import read_kineto
-        from profkit.ingest.nsys import read_nsys
-    except ImportError as exc:  # readers are written in parallel; this test starts counting once they land
-        pytest.skip(f"profkit.ingest readers not importable yet: {exc}")
+    from profkit.ingest.kineto import read_kineto
+    from profkit.ingest.nsys import read_nsys
+
     for (out, truth), read, suffix in ((kineto2, read_kineto, ".pt.trace.json.gz"), (nsys2, read_nsys, ".sqlite")):
         for rank in range(2):
             parts = read(out / f"rank{rank}{suffix}")
