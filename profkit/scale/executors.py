@@ -107,8 +107,13 @@ class DaskExecutor(SerialExecutor):
         if scheduler:
             self.client = Client(scheduler)
         else:
-            self._cluster = LocalCluster(n_workers=max(1, local or 2), threads_per_worker=1, processes=True,
-                                         dashboard_address=None)
+            import dask.config
+
+            # saturation 1.0: a worker holds only the task it runs, so when a task kills its worker,
+            # Dask does not count that death against a bystander queued on the same worker
+            with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):
+                self._cluster = LocalCluster(n_workers=max(1, local or 2), threads_per_worker=1, processes=True,
+                                             dashboard_address=None)
             self.client = Client(self._cluster)
         self.workers = len(self.client.scheduler_info().get("workers", {})) or (local or 1)
 
@@ -123,7 +128,7 @@ class DaskExecutor(SerialExecutor):
                 try:
                     out.append(fut.result())
                 except KilledWorker as exc:
-                    raise ScaleError(f"{label}: stage {_name(fn)!r}: every worker that ran it died ({exc})") from exc
+                    raise ScaleError(_killed_message(fn, futures, labels, label, exc)) from exc
                 except ScaleError:
                     raise
                 except Exception as exc:  # noqa: BLE001
@@ -137,6 +142,19 @@ class DaskExecutor(SerialExecutor):
         self.client.close()
         if self._cluster is not None:
             self._cluster.close()
+
+
+def _killed_message(fn: Callable, futures: list, labels: Sequence[str], label: str, exc: Exception) -> str:
+    """Every task of the stage that failed by killed workers, not only the first one awaited: Dask
+    counts a worker's death against each task the worker held, so the first failure seen can be a
+    bystander of the task that really kills workers (on a shared cluster, saturation above 1)."""
+    from distributed import KilledWorker, wait
+
+    wait(futures, return_when="ALL_COMPLETED")
+    killed = [lab for fut, lab in zip(futures, labels) if fut.status == "error" and isinstance(fut.exception(), KilledWorker)]
+    who = ", ".join(killed or [label])
+    them = "them" if len(killed) > 1 else "it"
+    return f"{who}: stage {_name(fn)!r}: every worker that ran {them} died ({exc})"
 
 
 def make_executor(executor: str = "pool", workers: int | None = None, scheduler: str | None = None,
