@@ -590,23 +590,14 @@ def _order_lag(a: np.ndarray, b: np.ndarray, tol: int) -> tuple[np.ndarray, np.n
 
 
 def line_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Theil-Sen line y = a + b x (median of pairwise slopes on at most 64 points): robust start."""
+    """Theil-Sen line y = a + b x (``align.robust.theil_sen``: the robust start of the clock fit)."""
+    from profkit.align.robust import theil_sen  # here: align imports this module (until the split)
+
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     if len(x) == 0:
         return 0.0, 0.0
-    if len(x) > 64:
-        pick = np.linspace(0, len(x) - 1, 64).round().astype(np.int64)
-        order = np.argsort(x, kind="stable")[pick]
-        xs, ys = x[order], y[order]
-    else:
-        xs, ys = x, y
-    i, j = np.triu_indices(len(xs), k=1)
-    dx = xs[j] - xs[i]
-    ok = dx > 0
-    b = float(np.median((ys[j] - ys[i])[ok] / dx[ok])) if ok.any() else 0.0
-    a = float(np.median(y - b * x))
-    return a, b
+    return theil_sen(x, y, forward_only=True)
 
 
 def _consistent(a, b, pairs, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
