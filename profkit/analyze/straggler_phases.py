@@ -41,6 +41,7 @@ from profkit.analyze import intervals as iv
 from profkit.analyze import overhead as ov
 from profkit.analyze import overhead_host as host_mod
 from profkit.analyze.overhead_layers import covering, make_layer, split_at
+from profkit.names import kernel_short_name
 
 GPU_PREFIX = "gpu:"
 WAIT_PREFIXES = ("wait:", "waiting for rank", "transfer:")
@@ -59,13 +60,7 @@ def is_victim_phase(phase: str, category: str | None = None) -> bool:
 
 def kernel_label(name: str) -> str:
     """``gpu:`` + the kernel's short name (no ``void``, namespaces, templates or arguments)."""
-    s = str(name).strip()
-    s = s[5:] if s.startswith("void ") else s
-    for stop in ("<", "("):
-        i = s.find(stop)
-        if i > 0:
-            s = s[:i]
-    return GPU_PREFIX + (s.strip().rsplit("::", 1)[-1] or "kernel")
+    return GPU_PREFIX + (kernel_short_name(str(name)).strip() or "kernel")
 
 
 # ---- labelling -----------------------------------------------------------------------------
