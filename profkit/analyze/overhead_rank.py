@@ -278,30 +278,8 @@ def _launch_runs(ea: EventArrays, r: slice, is_comm: np.ndarray) -> iv.Intervals
     is_kernel = ea.is_kind(r, schema.KERNEL) & ~is_comm & (corr >= 0)
     if is_launch.sum() < host.RUN_MIN_LAUNCHES or not is_kernel.any():
         return iv.empty()
-    kc = corr[is_kernel]
-    uniq, counts = np.unique(kc, return_counts=True)
-    single = uniq[counts == 1]
-    kmask = np.isin(kc, single)
-    k_corr = kc[kmask]
-    k_order = np.argsort(k_corr)
-    k_corr = k_corr[k_order]
-    ks = ea.start[r][is_kernel][kmask][k_order]
-    ke = ea.end[r][is_kernel][kmask][k_order]
-    l_corr = corr[is_launch]
-    if not k_corr.size:
-        return iv.empty()
-    pos = np.clip(np.searchsorted(k_corr, l_corr), 0, k_corr.size - 1)
-    hit = k_corr[pos] == l_corr
-    ls = ea.start[r][is_launch][hit]
-    lt = ea.thread[r][is_launch][hit]
-    kss, kes = ks[pos[hit]], ke[pos[hit]]
-    parts_s, parts_e = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-    for thread in np.unique(lt):
-        m = lt == thread
-        rs, re_ = host.launch_runs(ls[m], kss[m], kes[m])
-        parts_s.append(rs)
-        parts_e.append(re_)
-    return iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
+    return host.launch_runs_by_thread(corr[is_kernel], ea.start[r][is_kernel], ea.end[r][is_kernel],
+                                      corr[is_launch], ea.start[r][is_launch], ea.thread[r][is_launch])
 
 
 def _host_layers(ea: EventArrays, r: slice, primary: list[int], others: list[int]) -> dict[str, list[Layer]]:

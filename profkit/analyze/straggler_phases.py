@@ -170,25 +170,11 @@ def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Interval
     for rank in np.unique(lr):
         r = g.of(int(rank))
         k_ok = ~g.comm[r] & (g.corr[r] >= 0)
-        kc, ks, ke = g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok]
-        uniq, counts = np.unique(kc, return_counts=True)
-        single = np.isin(kc, uniq[counts == 1])
-        kc, ks, ke = kc[single], ks[single], ke[single]
-        order = np.argsort(kc)
-        kc, ks, ke = kc[order], ks[order], ke[order]
         m = lr == rank
-        if not kc.size or m.sum() < host_mod.RUN_MIN_LAUNCHES:
+        if m.sum() < host_mod.RUN_MIN_LAUNCHES:
             continue
-        pos = np.clip(np.searchsorted(kc, lc[m]), 0, kc.size - 1)
-        hit = kc[pos] == lc[m]
-        t_ls, t_th, t_ks, t_ke = ls[m][hit], thread[m][hit], ks[pos[hit]], ke[pos[hit]]
-        s_parts, e_parts = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for th in np.unique(t_th):
-            sel = t_th == th
-            rs, re_ = host_mod.launch_runs(t_ls[sel], t_ks[sel], t_ke[sel])
-            s_parts.append(rs)
-            e_parts.append(re_)
-        runs = iv.union(np.concatenate(s_parts), np.concatenate(e_parts))
+        runs = host_mod.launch_runs_by_thread(g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok],
+                                              lc[m], ls[m], thread[m])
         if not runs[0].size:
             continue
         gs, ge, comm = g.start[r], g.end[r], g.comm[r]
