@@ -48,6 +48,7 @@ import pandas as pd
 
 from profkit import schema
 from profkit.analyze.gpu import is_comm_kernel
+from profkit.analyze.intervals import nesting_parents
 from profkit.analyze.syncpoints import (
     COLL_OP_RE, COLLECTIVE_KERNEL, COLLECTIVE_LAUNCH, DP_SYNC_CATEGORY, decide_sync_names, host_sync_rows, span_facts,
 )
@@ -347,7 +348,7 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
             continue
         s = s.sort_values(["start", "end"], ascending=[True, False], kind="stable")
         starts, ends = s["start"].to_numpy(), s["end"].to_numpy()
-        parent = _parents(starts, ends)
+        parent = nesting_parents(starts, ends)
         t0, t1 = launches["start"].to_numpy(), launches["end"].to_numpy()
         cand = np.searchsorted(starts, t0, side="right") - 1
         for _ in range(8):  # climb to the first span that encloses the call
@@ -401,19 +402,6 @@ def _holds_nccl_span(spans: pd.DataFrame, nccl: pd.DataFrame) -> np.ndarray:
         hi = np.searchsorted(starts, g["end_ns"].to_numpy(np.int64), side="right")
         out[pos[g.index].to_numpy()] = hi > lo
     return out
-
-
-def _parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Index of the enclosing span of each span (sorted by start, longest first), -1 at top level."""
-    parent = np.full(len(starts), -1, dtype=np.int64)
-    stack: list[int] = []
-    for i in range(len(starts)):
-        while stack and ends[stack[-1]] < ends[i]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    return parent
 
 
 def _launch_rows(spans: pd.DataFrame) -> pd.DataFrame:
