@@ -47,7 +47,7 @@ import pandas as pd
 
 from profkit.analyze import gpu
 from profkit.analyze import overhead_names as names_mod
-from profkit.analyze import overhead_rank as engine
+from profkit.analyze import overhead_rank as per_rank
 from profkit.analyze.overhead_layers import innermost, make_layer
 
 CAUSE_COLUMNS = [
@@ -64,11 +64,11 @@ CAUSE_EXTRA_COLUMNS = ["category", "n_intervals", "share_of_charged", "example_d
 CHARGED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "category", "gpu_state", "where"]
 
 # ``category`` values (what a charged interval is) and ``gpu_state`` values
-WAIT, GC, HOST_SYNC, LAUNCH_BOUND = engine.WAIT, engine.GC, engine.HOST_SYNC, engine.LAUNCH_BOUND
-BETWEEN_STEPS = engine.BETWEEN_STEPS
-SPAN, CPU_OP, PYTHON, SAMPLE, SELF = engine.SPAN, engine.CPU_OP, engine.PYTHON, engine.SAMPLE, engine.SELF
-UNATTRIBUTED, NO_HOST = engine.UNATTRIBUTED, engine.NO_HOST
-GPU_STATES = tuple(engine.STATES)
+WAIT, GC, HOST_SYNC, LAUNCH_BOUND = per_rank.WAIT, per_rank.GC, per_rank.HOST_SYNC, per_rank.LAUNCH_BOUND
+BETWEEN_STEPS = per_rank.BETWEEN_STEPS
+SPAN, CPU_OP, PYTHON, SAMPLE, SELF = per_rank.SPAN, per_rank.CPU_OP, per_rank.PYTHON, per_rank.SAMPLE, per_rank.SELF
+UNATTRIBUTED, NO_HOST = per_rank.UNATTRIBUTED, per_rank.NO_HOST
+GPU_STATES = tuple(per_rank.STATES)
 
 NO_STEP = -1  # step number of a whole-capture window (no step markers found)
 
@@ -133,8 +133,8 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
     if sync_waits is None:
         sync_waits = sync_wait_intervals(events)
     step_names = frozenset(str(n) for n in windows["name"].dropna().unique()) if "name" in windows else frozenset()
-    vocab = engine.Vocab()
-    arrays = engine.EventArrays.build(events, step_names, vocab)
+    vocab = per_rank.Vocab()
+    arrays = per_rank.EventArrays.build(events, step_names, vocab)
     waits_by_rank = {int(r): g for r, g in sync_waits.groupby("rank", sort=False)} if len(sync_waits) else {}
     parts = []
     for rank, w in windows.groupby("rank", sort=True):
@@ -146,7 +146,7 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
         layer = None if sw is None else make_layer(sw["start_ns"].to_numpy(np.int64), sw["end_ns"].to_numpy(np.int64),
                                                    vocab.ids(sw["cause"].to_numpy(dtype=object)))
         me = w["marker_end_ns"].to_numpy(np.int64) if "marker_end_ns" in w else None
-        got = engine.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab,
+        got = per_rank.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab,
                                     layer, me)
         if got is not None:
             parts.append((int(rank), got))
@@ -163,8 +163,8 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
             "end_ns": cat("end"),
             "dur_ns": cat("end") - cat("start"),
             "cause": causes[cat("cause")],
-            "category": engine.CATEGORIES[cat("category")],
-            "gpu_state": engine.STATES[cat("state")],
+            "category": per_rank.CATEGORIES[cat("category")],
+            "gpu_state": per_rank.STATES[cat("state")],
             "where": np.where(where >= 0, causes[np.maximum(where, 0)], None),
         }
     )
