@@ -311,7 +311,7 @@ def dp_step_samples(steps: pd.DataFrame, dp: pd.DataFrame | None,
                     cause_steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per step with known token counts (the bootstrap unit; ranks of one step move together):
     summed step time over ranks, tokens (from ``dp_imbalance``'s table), balancedness, and the time
-    ranks spent waiting for others (``cause_kinds.is_wait_cause`` rows of ``cause_steps``; NaN when unknown).
+    ranks spent waiting for others (``vocabulary.is_wait_cause`` rows of ``cause_steps``; NaN when unknown).
     Steps without token counts are left out: no token count, no imbalance to price."""
     if steps is None or not len(steps) or dp is None or not len(dp):
         return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("mean_tokens", "balancedness", "wait_ns_sum")
@@ -321,7 +321,7 @@ def dp_step_samples(steps: pd.DataFrame, dp: pd.DataFrame | None,
     tok = dp[["step", "total_tokens", "mean_tokens", "max_tokens", "balancedness"]]
     per = per.merge(tok, on="step", how="inner")
     if cause_steps is not None:
-        from profkit.analyze.cause_kinds import WAIT, kinds_of
+        from profkit.analyze.vocabulary import WAIT, kinds_of
 
         waits = cause_steps[(kinds_of(cause_steps["cause"]) == WAIT).to_numpy(dtype=bool)]
         per["wait_ns_sum"] = per["step"].map(waits.groupby("step")["ns"].sum()).fillna(0).astype("float64")

@@ -49,6 +49,10 @@ from profkit.analyze import gpu
 from profkit.analyze import overhead_names as names_mod
 from profkit.analyze import overhead_rank as per_rank
 from profkit.analyze.overhead_layers import innermost, make_layer
+from profkit.analyze.vocabulary import (  # noqa: F401 - the categories and GPU states: read as ov.WAIT etc. too
+    BETWEEN_STEPS, CPU_OP, GC, GPU_STATES, HOST_SYNC, LAUNCH_BOUND, NO_HOST, PYTHON, SAMPLE, SELF, SPAN, UNATTRIBUTED,
+    WAIT, transfer_cause, waiting_for_rank,
+)
 
 CAUSE_COLUMNS = [
     "cause",
@@ -63,12 +67,6 @@ CAUSE_COLUMNS = [
 CAUSE_EXTRA_COLUMNS = ["category", "n_intervals", "share_of_charged", "example_dur_ns", "ranks_list"]
 CHARGED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "category", "gpu_state", "where"]
 
-# ``category`` values (what a charged interval is) and ``gpu_state`` values
-WAIT, GC, HOST_SYNC, LAUNCH_BOUND = per_rank.WAIT, per_rank.GC, per_rank.HOST_SYNC, per_rank.LAUNCH_BOUND
-BETWEEN_STEPS = per_rank.BETWEEN_STEPS
-SPAN, CPU_OP, PYTHON, SAMPLE, SELF = per_rank.SPAN, per_rank.CPU_OP, per_rank.PYTHON, per_rank.SAMPLE, per_rank.SELF
-UNATTRIBUTED, NO_HOST = per_rank.UNATTRIBUTED, per_rank.NO_HOST
-GPU_STATES = tuple(per_rank.STATES)
 
 NO_STEP = -1  # step number of a whole-capture window (no step markers found)
 
@@ -281,11 +279,8 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
         last = layer.codes[j[hit]]
         rows = rows[hit]
         other = last != int(rank)
-        cause[rows[other]] = [f"waiting for rank {k}" for k in last[other]]
-        cause[rows[~other]] = [
-            "transfer:" + str(c)[len(names_mod.WAIT_PREFIX):] if str(c).startswith(names_mod.WAIT_PREFIX) else c
-            for c in cause[rows[~other]]
-        ]
+        cause[rows[other]] = [waiting_for_rank(k) for k in last[other]]
+        cause[rows[~other]] = [transfer_cause(c) for c in cause[rows[~other]]]
     out["cause"] = cause
     return out
 

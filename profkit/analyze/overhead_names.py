@@ -12,15 +12,9 @@ import numpy as np
 
 from profkit.analyze.steps import BUILTIN_MARKERS
 from profkit.ingest.collectives import coll_from_kernel
+from profkit.analyze.vocabulary import GC_CAUSE
 from profkit.names import kernel_short_name
 
-GC_CAUSE = "gc"
-LAUNCH_BOUND = "launch_bound"
-HOST_SYNC = "host_sync"
-UNATTRIBUTED = "unattributed (no host activity)"
-BETWEEN_STEPS = "host work between steps"  # after a step annotation that covers part of the iteration
-NO_HOST = "gpu idle (no host events)"
-WAIT_PREFIX = "wait:"
 MAX_NAME = 120
 
 # GC pauses: profkit's gc.gen{n}, the bundled engine's "gc", the simulator's gc.collect

@@ -40,12 +40,13 @@ from profkit.analyze import gpu
 from profkit.analyze import intervals as iv
 from profkit.analyze import overhead as ov
 from profkit.analyze import overhead_host as host_mod
+from profkit.analyze import vocabulary as vc
 from profkit.analyze.overhead_layers import covering, make_layer, split_at
 from profkit.names import kernel_short_name
 
 GPU_PREFIX = "gpu:"
-WAIT_PREFIXES = ("wait:", "waiting for rank", "transfer:")
-GPU_CATEGORY = "gpu"
+WAIT_PREFIXES = vc.VICTIM_PREFIXES
+GPU_CATEGORY = vc.GPU_CATEGORY
 PIECE_COLUMNS = ["rank", "start_ns", "end_ns", "phase", "category"]
 WINDOW_COLUMNS = ["window", "rank", "start_ns", "end_ns"]
 BLOCKING_COPY_NS = 50_000  # a copy call this long blocked the host (async copies return in ~10 us)
@@ -224,7 +225,7 @@ def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: i
         ph[busy] = g.vocab[compute.codes[j[busy]]]
         ct[busy] = GPU_CATEGORY
         waiting = sync & ~busy & _inside(comm_iv, ps)
-        ph[waiting] = "wait:collective (host sync)"
+        ph[waiting] = vc.HOST_SYNC_WAIT
         ct[waiting] = ov.WAIT
         copy_idle = blocked & ~busy & ~waiting & (ct != ov.HOST_SYNC)
         ph[copy_idle] = np.array([f"{ov.HOST_SYNC} ({p})" for p in ph[copy_idle]], dtype=object)
