@@ -194,3 +194,9 @@ def _same_clock_table(ranks: list[int], ref: int, t0_ns: int, obs: pd.DataFrame)
         for r in ranks
     ]
     return pd.DataFrame(rows, columns=RANK_COLUMNS)
+
+
+def one_host(meta: dict[int, list[dict]]) -> bool:
+    """True when every rank names a host and all name the same one: their clocks are one clock."""
+    hosts = [{m["host"] for m in parts if m.get("host")} for parts in meta.values()]
+    return bool(hosts) and all(hosts) and len(set().union(*hosts)) == 1
