@@ -570,7 +570,7 @@ def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict
 
 def _aligned_ends(g: pd.DataFrame) -> bool:
     """Ends of one name's instances line up across ranks while their starts spread."""
-    from profkit.analyze.collectives import match_sequences
+    from profkit.align.sequences import match_sequences
 
     ranks = sorted(g["rank"].unique())[:MAX_SAMPLE_RANKS]
     if len(ranks) < 2:
