@@ -35,7 +35,7 @@ host-span boundary and each piece goes to the first rule that matches:
 thread with under 1% of them, e.g. NCCL's watchdog, is not one); without runtime events every
 thread of the rank is one. ``refine_waits`` renames collective waits after the last arriver
 (``waiting for rank k``; ``transfer:<collective>`` on the last arriver itself) using
-``profkit.analyze.collectives`` (``causes_table`` does it when that module is present).
+``profkit.analyze.collectives`` (``causes_table`` does it).
 Pure functions over event tables (int64 ns); no file access.
 """
 from __future__ import annotations
@@ -287,11 +287,9 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
 
 def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
     """``rank, start_ns, end_ns, last_rank`` per (rank, collective instance) from
-    ``profkit.analyze.collectives`` when that module is present; None otherwise."""
-    try:
-        from profkit.analyze import collectives  # written in parallel; optional here
-    except ImportError:
-        return None
+    ``profkit.analyze.collectives``; None when the matching fails."""
+    from profkit.analyze import collectives  # imports this module's neighbours: here, not at the top
+
     try:
         inst = collectives.collective_instances(events)
         matched = collectives.match_instances(inst) if len(inst) else None
