@@ -476,13 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                 inputs = {k: v for k, v in inputs.items() if args.only in k}
             got = outputs_record(inputs, roots, Path(work) / "out")
         text = json.dumps(got, indent=1, sort_keys=True) + "\n"
-        if args.write:
-            args.write.parent.mkdir(parents=True, exist_ok=True)
-            args.write.write_text(text)
-            print(f"wrote {args.write} ({len(text) // 1024} KB)")
-        else:
-            sys.stdout.write(text)
-        return 0
+        return _write_or_print(text, args.write)
     if args.cmd == "record":
         record(args.dest, args.sim_dir, args.only)
         return 0
@@ -491,10 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PROFKIT_CACHE"] = "0"
     inputs, roots = default_tables_inputs()
     text = json.dumps(tables_record(inputs, roots), indent=1, sort_keys=True) + "\n"
-    if args.write:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(text)
-        print(f"wrote {args.write} ({len(text) // 1024} KB)")
+    return _write_or_print(text, args.write)
+
+
+def _write_or_print(text: str, dest: Path | None) -> int:
+    if dest:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+        print(f"wrote {dest} ({len(text) // 1024} KB)")
     else:
         sys.stdout.write(text)
     return 0
