@@ -23,7 +23,6 @@ With ~10 metrics at 95% each, a threshold of a few % keeps false alarms on equal
 from __future__ import annotations
 
 import math
-import re
 import zlib
 from dataclasses import asdict, dataclass, field
 

@@ -46,7 +46,6 @@ import numpy as np
 import pandas as pd
 
 from profkit.analyze import gpu
-from profkit.analyze import overhead_names as names_mod
 from profkit.analyze import overhead_rank as per_rank
 from profkit.analyze.overhead_layers import innermost, make_layer
 from profkit.analyze.vocabulary import (  # noqa: F401 - the categories and GPU states: read as ov.WAIT etc. too
@@ -66,7 +65,6 @@ CAUSE_COLUMNS = [
 ]
 CAUSE_EXTRA_COLUMNS = ["category", "n_intervals", "share_of_charged", "example_dur_ns", "ranks_list"]
 CHARGED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "category", "gpu_state", "where"]
-
 
 NO_STEP = -1  # step number of a whole-capture window (no step markers found)
 
