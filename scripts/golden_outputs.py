@@ -8,6 +8,7 @@ Record before a change, record after, compare::
     python scripts/golden_outputs.py compare /tmp/golden/before /tmp/golden/after
 
     python scripts/golden_outputs.py tables --write tests/golden/event_tables.json   # the test's golden
+    python scripts/golden_outputs.py outputs --write tests/golden/analyze_outputs.json  # ~1-2 min
 
 ``record`` runs ``profkit analyze -o`` on every capture of ``sample_traces/``, on the public
 traces (``../shared/traces``), and on two simulated captures (DEP8 x 40, a GC cause injected on
@@ -22,6 +23,16 @@ The fingerprint of an event table (``fingerprint``) is what the readers can brea
 rank, source, key, row count, Arrow schema, warnings and meta, and per column a hash of its values
 in row order (nulls marked) plus, per kind, row counts and sums of the times. It does not depend on
 how a column is stored (plain or dictionary strings, chunking), only on the values.
+
+``outputs`` fingerprints what ``profkit analyze -o`` writes (every CSV and ``summary.json``; not
+``report.html``) on every capture of ``sample_traces/`` and two small simulated captures
+(``GOLDEN_SIMS``: fixed seeds, injected faults), in-process through the CLI's own function. Per CSV:
+its row count, its header in order, and per column a hash of its cells in row order plus, for
+numeric columns, their sum (``"hash sum=S"``). Cells are compared as written, except that float cells are rounded to
+``FLOAT_DIGITS`` significant digits first (so a float that moves only in its last bits, because a
+sum was reordered, does not count; anything larger does). ``summary.json`` is kept whole, floats
+rounded the same way, without ``profkit_version`` and with the capture's folder written ``<root>``.
+That golden is ``tests/golden/analyze_outputs.json`` (``tests/test_analyze_golden.py``).
 """
 from __future__ import annotations
 
@@ -172,6 +183,141 @@ def default_tables_inputs() -> tuple[dict[str, list[str]], dict[str, Path]]:
     return inputs, {"samples": REPO, "public": SHARED}
 
 
+# ---------------------------------------------------------------- analyze outputs (the golden)
+
+FLOAT_DIGITS = 10  # significant digits kept of a float cell before hashing (a float64 holds ~15.9)
+GOLDEN_SIMS = {  # name -> profkit simulate arguments: small, fixed seeds, injected faults
+    "sim/dep4x12-kineto": ["--ranks", "4", "--steps", "12", "--seed", "3", "--format", "kineto",
+                           "--inject", "gc:rank=1,every=4,ms=6", "--inject", "slow_schedule:rank=3,every=3,ms=3"],
+    "sim/dep8x8-nsys": ["--ranks", "8", "--steps", "8", "--seed", "5", "--format", "nsys",
+                        "--inject", "host_sync:rank=2,every=2,ms=2", "--inject", "hot_experts:rank=5"],
+}
+VOLATILE_SUMMARY_KEYS = ("profkit_version",)
+
+
+def golden_sim_inputs(sim_dir: Path) -> dict[str, list[str]]:
+    """Generate (once per folder) the simulated captures of the analyze golden."""
+    from profkit.cli.main import main as profkit_main
+
+    out = {}
+    for name, argv in GOLDEN_SIMS.items():
+        folder = sim_dir / name.split("/", 1)[1]
+        if not (folder / "truth.json").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            rc = profkit_main(["simulate", *argv, "-o", str(folder), "-q"])
+            if rc:
+                raise RuntimeError(f"profkit simulate {' '.join(argv)} failed ({rc})")
+        out[name] = [str(folder)]
+    return out
+
+
+def _round_float(x: float) -> str:
+    return repr(x) if not math.isfinite(x) else f"{x:.{FLOAT_DIGITS}g}"
+
+
+def _cell(text: str) -> tuple[str, float | None]:
+    """A CSV cell as compared (floats rounded) and its numeric value (None: not a number)."""
+    if text == "":
+        return text, None
+    try:
+        return text, float(int(text))
+    except ValueError:
+        pass
+    try:
+        x = float(text)
+    except ValueError:
+        return text, None
+    return _round_float(x), x
+
+
+def csv_fingerprint(path: Path) -> dict:
+    """rows, header and per column ``hash`` (cells in row order, floats rounded) and ``sum`` (numeric)."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
+    columns = {}
+    for j, name in enumerate(header):
+        h = hashlib.sha256()
+        total, numeric = 0.0, True
+        for row in body:
+            shown, value = _cell(row[j] if j < len(row) else "")
+            h.update(shown.encode("utf-8", "surrogatepass") + b"\x00")
+            if value is None and shown != "":
+                numeric = False
+            elif value is not None and math.isfinite(value):
+                total += value
+        entry = h.hexdigest()[:16]
+        if numeric and body:
+            entry += f" sum={_round_float(total)}"
+        columns[name] = entry
+    return {"rows": len(body), "header": header, "columns": columns}
+
+
+def _rounded(obj):
+    if isinstance(obj, float):
+        return _round_float(obj)
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
+def summary_fingerprint(path: Path, roots: list[Path]) -> dict:
+    text = path.read_text()
+    for root in roots:  # absolute and as given
+        text = text.replace(str(root.resolve()), "<root>").replace(str(root), "<root>")
+    doc = json.loads(text)
+    for key in VOLATILE_SUMMARY_KEYS:
+        doc.pop(key, None)
+    return _rounded(doc)
+
+
+def analyze_outputs(paths: list[str], out: Path, roots: list[Path]) -> dict:
+    """Run what ``profkit analyze PATHS -o OUT -q`` runs (in this process, report.html left out) and
+    fingerprint every file it writes."""
+    import contextlib
+    import io
+
+    import profkit.report.html as html
+    from profkit.cli.analyze import analyze_and_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    real = html.write_report
+    html.write_report = lambda analysis, folder: Path(folder) / "report.html"  # it embeds a timestamp
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            rc = analyze_and_report(paths, str(out), None, [], True,
+                                    scale={"executor": "pool", "workers": None, "scheduler": None,
+                                           "dask_local": None, "scratch": None},
+                                    routing={"experts": None, "topk": None})
+    finally:
+        html.write_report = real
+    result: dict = {"rc": rc, "files": {}}
+    for f in sorted(out.iterdir()):
+        if f.suffix == ".csv":
+            result["files"][f.name] = csv_fingerprint(f)
+        elif f.name == "summary.json":
+            result["files"][f.name] = summary_fingerprint(f, roots)
+    return result
+
+
+def default_output_inputs(sim_dir: Path) -> tuple[dict[str, list[str]], list[Path]]:
+    return {**sample_inputs(), **golden_sim_inputs(sim_dir)}, [sim_dir, REPO]
+
+
+def outputs_record(inputs: dict[str, list[str]], roots: list[Path], work: Path) -> dict:
+    return {name: analyze_outputs(paths, work / name, roots) for name, paths in inputs.items()}
+
+
+def output_differences(want: dict, got: dict) -> list[str]:
+    """Readable differences between two analyze fingerprints (of one input or of many)."""
+    out: list[str] = []
+    _diff_json(want, got, "", out, 0.0)
+    return out
+
+
 # ---------------------------------------------------------------- record
 
 
@@ -318,7 +464,19 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--rtol", type=float, default=0.0, help="relative tolerance for float cells (default: exact)")
     t = sub.add_parser("tables", help="event-table fingerprints of sample_traces/ and the public traces")
     t.add_argument("--write", type=Path, help="write them here (the test's golden); else print")
+    o = sub.add_parser("outputs", help="fingerprints of what profkit analyze writes on sample_traces/ and two "
+                                        "small simulated captures")
+    o.add_argument("--write", type=Path, help="write them here (the test's golden); else print")
+    o.add_argument("--only", help="only inputs whose name contains this (printing only)")
     args = ap.parse_args(argv)
+    if args.cmd == "outputs":
+        with tempfile.TemporaryDirectory(prefix="golden-outputs-") as work:
+            inputs, roots = default_output_inputs(Path(work) / "sim")
+            if args.only:
+                inputs = {k: v for k, v in inputs.items() if args.only in k}
+            got = outputs_record(inputs, roots, Path(work) / "out")
+        text = json.dumps(got, indent=1, sort_keys=True) + "\n"
+        return _write_or_print(text, args.write)
     if args.cmd == "record":
         record(args.dest, args.sim_dir, args.only)
         return 0
@@ -327,10 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PROFKIT_CACHE"] = "0"
     inputs, roots = default_tables_inputs()
     text = json.dumps(tables_record(inputs, roots), indent=1, sort_keys=True) + "\n"
-    if args.write:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(text)
-        print(f"wrote {args.write} ({len(text) // 1024} KB)")
+    return _write_or_print(text, args.write)
+
+
+def _write_or_print(text: str, dest: Path | None) -> int:
+    if dest:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+        print(f"wrote {dest} ({len(text) // 1024} KB)")
     else:
         sys.stdout.write(text)
     return 0

@@ -68,3 +68,28 @@ def test_gaps_complement_busy_inside_window(pairs, lo, width):
     want = np.zeros(300, dtype=bool)
     want[lo:hi] = ~cover[lo:hi]
     assert np.array_equal(_mask_of(g), want)
+
+
+def _stack_parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Reference: the stack walk the collective candidates ran before issue #15."""
+    parent = np.full(len(starts), -1, dtype=np.int64)
+    stack: list[int] = []
+    for i in range(len(starts)):
+        while stack and ends[stack[-1]] < ends[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 40)), max_size=40))
+def test_nesting_parents_equal_the_stack_walk(pairs):
+    """One parent algorithm for nested and partly overlapping intervals alike (sorted by start,
+    longest first): pointer jumping gives what the stack walk gives."""
+    s = np.array([p[0] for p in pairs], np.int64)
+    e = s + np.array([p[1] for p in pairs], np.int64)
+    order = np.lexsort((-e, s))
+    s, e = s[order], e[order]
+    assert np.array_equal(iv.nesting_parents(s, e), _stack_parents(s, e))

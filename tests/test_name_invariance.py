@@ -30,7 +30,8 @@ import pytest
 
 import profkit
 from conftest import SAMPLE_TRACES
-from profkit.analyze.overhead_names import WAIT_PREFIX, cause_name
+from profkit.analyze.overhead_names import cause_name
+from profkit.analyze.vocabulary import WAIT_PREFIX
 from profkit.analyze.pipeline import analyze
 from profkit.ingest.loader import Capture
 from profkit.simulate import simulate

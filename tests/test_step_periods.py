@@ -25,7 +25,7 @@ import pytest
 import profkit
 from conftest import SAMPLE_TRACES
 from profkit import schema
-from profkit.analyze.overhead_names import BETWEEN_STEPS
+from profkit.analyze.vocabulary import BETWEEN_STEPS_CAUSE as BETWEEN_STEPS
 from profkit.analyze.pipeline import analyze
 from profkit.analyze.steps import iteration_periods, step_table
 from profkit.ingest.loader import Capture

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.analyze.distinct import str_objects
+from profkit.distinct import str_objects
 
 DEDUPE_KINDS = (schema.CPU_SPAN, schema.GC)
 PROFKIT_SOURCE = "profkit"  # the span-file reader's source name

@@ -16,8 +16,8 @@ from profkit.align.ranks import (
     solve_ranks,
     without_exit_lag,
 )
+from profkit.align.sequences import CPU_SPAN, KERNEL
 from profkit.align.sources import SOURCE_COLUMNS, apply_source_offsets, source_offsets
-from profkit.analyze.collectives import CPU_SPAN, KERNEL, collective_candidates, instances_from_candidates
 
 
 @dataclass
@@ -90,6 +90,8 @@ class RankClockFacts:
 
 def prepare_rank(events: pd.DataFrame) -> RankClockFacts:
     """The map half of ``estimate`` for ONE rank's events: source offsets and collective candidates."""
+    from profkit.analyze.collectives import collective_candidates  # imports align: here, not at the top
+
     rank = int(events["rank"].iloc[0])
     sources, warnings = source_offsets(events)
     candidates = collective_candidates(apply_source_offsets(events, sources))
@@ -106,6 +108,8 @@ def estimate_from_ranks(
     same_clock: bool = False,
 ) -> Alignment:
     """The reduce half of ``estimate``: match every rank's candidates, then solve the clocks."""
+    from profkit.analyze.collectives import instances_from_candidates  # imports align: here, not at the top
+
     prepared = sorted(prepared, key=lambda f: f.rank)
     warnings: list[str] = [w for f in prepared for w in f.warnings]
     frames = [f.sources for f in prepared if len(f.sources)]
@@ -194,3 +198,9 @@ def _same_clock_table(ranks: list[int], ref: int, t0_ns: int, obs: pd.DataFrame)
         for r in ranks
     ]
     return pd.DataFrame(rows, columns=RANK_COLUMNS)
+
+
+def one_host(meta: dict[int, list[dict]]) -> bool:
+    """True when every rank names a host and all name the same one: their clocks are one clock."""
+    hosts = [{m["host"] for m in parts if m.get("host")} for parts in meta.values()]
+    return bool(hosts) and all(hosts) and len(set().union(*hosts)) == 1

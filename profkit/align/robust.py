@@ -65,8 +65,14 @@ class LineFit:
         return float(self.scale / np.sqrt(sxx)) if sxx > 0 else float("inf")
 
 
-def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Median of pairwise slopes over at most THEIL_SEN_POINTS points spread evenly in x."""
+def theil_sen(x: np.ndarray, y: np.ndarray, forward_only: bool = False) -> tuple[float, float]:
+    """Median of pairwise slopes over at most THEIL_SEN_POINTS points spread evenly in x.
+
+    ``forward_only``: take only the pairs whose later point (in the order given) has the larger x.
+    The same as all pairs when x is sorted or thinned (thinning sorts); on unsorted x it drops
+    about half of them. The collective sequence matching has always fitted that way (its start
+    line, ``line_fit``); kept so that its outputs do not move.
+    """
     if len(x) > THEIL_SEN_POINTS:
         pick = np.linspace(0, len(x) - 1, THEIL_SEN_POINTS).round().astype(np.int64)
         order = np.argsort(x, kind="stable")[pick]
@@ -75,7 +81,7 @@ def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         xs, ys = x, y
     i, j = np.triu_indices(len(xs), k=1)
     dx = xs[j] - xs[i]
-    ok = dx != 0
+    ok = dx > 0 if forward_only else dx != 0
     slope = float(np.median((ys[j] - ys[i])[ok] / dx[ok])) if ok.any() else 0.0
     return float(np.median(y - slope * x)), slope
 

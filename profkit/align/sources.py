@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.analyze.collectives import match_sequences
-from profkit.analyze.distinct import str_objects
+from profkit.align.sequences import match_sequences
+from profkit.distinct import str_objects
 
 SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP, schema.GC)
 MIN_PAIRS = 3

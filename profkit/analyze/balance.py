@@ -7,8 +7,8 @@ average and half the fleet's expert time is waiting). The same ratio over tokens
 per step is the DP imbalance (a rank given a bigger batch is a straggler by construction).
 
 Expert loads come as a long table ``LOAD_COLUMNS`` (``rank, step, layer, tokens``: tokens routed
-to the experts a rank hosts). Parsers turn the known formats into it (pure: they take text or
-parsed JSON, never a path; the CLI reads ``--expert-loads FILE``):
+to the experts a rank hosts). Parsers in ``profkit.ingest.expert_loads`` turn the known formats
+into it (pure: they take text or parsed JSON, never a path; ``read_expert_loads`` reads the file):
 
 - ``parse_engine_steps``: profkit's engine ``rank{r}.steps.jsonl`` (``expert_recv[layer][local
   expert]``: tokens received by the rank's local experts);
@@ -30,27 +30,25 @@ the step-time change per step and per token served, with bootstrap intervals (``
 """
 from __future__ import annotations
 
-import io
-import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 import pandas as pd
 
 from profkit import schema
 from profkit.analyze.steps import step_batch_facts
+from profkit.ingest.expert_loads import (  # noqa: F401 - the parsers live in ingest; read as balance.* too
+    LOAD_COLUMNS, ROUTING_ATTR, LoadsFormatError, parse_engine_steps, parse_expert_loads, parse_sim_expert_loads,
+)
 
-LOAD_COLUMNS = ["rank", "step", "layer", "tokens"]
 NO_RANK = -1  # ``max_rank`` when every rank has the same load
 EP_COLUMNS = ["step", "layer", "n_ranks", "total_tokens", "mean_tokens", "max_tokens", "max_rank", "balancedness"]
 #: added to ``EP_COLUMNS`` where the routing (experts, top-k) is known: the batch's tokens
 #: (total_tokens / topk), the uniform-routing baseline's mean, std and 95% band, and the
 #: recoverable gap (baseline mean - real balancedness: the most expert balancing can recover)
 UNIFORM_COLUMNS = ["step_tokens", "uniform_balancedness", "uniform_std", "uniform_lo", "uniform_hi", "recoverable"]
-ROUTING_ATTR = "routing"
 EP_LAYER_COLUMNS = ["layer", "n_steps", "balancedness_mean", "balancedness_p10", "balancedness_window", "hot_rank",
                     "hot_rank_share"]
 DP_COLUMNS = ["step", "n_ranks", "total_tokens", "mean_tokens", "max_tokens", "max_rank", "min_tokens",
@@ -58,78 +56,6 @@ DP_COLUMNS = ["step", "n_ranks", "total_tokens", "mean_tokens", "max_tokens", "m
 DP_RANK_COLUMNS = ["rank", "n_steps", "tokens_mean", "tokens_share", "times_max"]
 
 _VLLM_STEP = re.compile(r"^execute_context_\d+\(.*\)_generation_\d+\(.*\)$")
-
-
-class LoadsFormatError(ValueError):
-    """Expert-load text in no known format (a user error: the message says what was expected)."""
-
-
-# ---- parsers ---------------------------------------------------------------------------------
-def parse_engine_steps(records: Iterable[dict] | str) -> pd.DataFrame:
-    """Expert loads from profkit engine step records (``rank{r}.steps.jsonl`` lines, as text or
-    dicts): one row per (rank, step, layer), tokens = sum of ``expert_recv[layer]``."""
-    if isinstance(records, str):
-        records = [json.loads(line) for line in records.splitlines() if line.strip()]
-    rows = []
-    routing: dict | None = None
-    for rec in records:
-        recv = rec.get("expert_recv")
-        if recv is None:
-            continue
-        for layer, per_expert in enumerate(recv):
-            rows.append((int(rec["rank"]), int(rec["step"]), layer, int(sum(per_expert))))
-        routed, n_tok = rec.get("expert_loads"), rec.get("num_tokens")
-        if routing is None and routed and n_tok:  # one routed count per global expert, k per token
-            routing = {"experts": len(routed[0]), "topk": int(round(sum(routed[0]) / n_tok)), "source": "engine steps"}
-    out = _loads_frame(rows)
-    if routing is not None and routing["topk"] >= 1:
-        out.attrs[ROUTING_ATTR] = routing
-    return out
-
-
-def parse_sim_expert_loads(doc: dict | str) -> pd.DataFrame:
-    """Expert loads from the simulator's ``expert_loads.json`` (``tokens[step][layer][rank]``)."""
-    if isinstance(doc, str):
-        doc = json.loads(doc)
-    tokens = np.asarray(doc["tokens"], dtype=np.int64)
-    if tokens.ndim != 3:
-        raise LoadsFormatError(f"expert_loads.json: tokens must be [step][layer][rank], got shape {tokens.shape}")
-    s, layer, r = np.meshgrid(np.arange(tokens.shape[0]), np.arange(tokens.shape[1]), np.arange(tokens.shape[2]),
-                              indexing="ij")
-    out = pd.DataFrame({"rank": r.ravel(), "step": s.ravel(), "layer": layer.ravel(),
-                        "tokens": tokens.ravel()}).astype("int64")[LOAD_COLUMNS]
-    if doc.get("experts") and doc.get("topk"):
-        out.attrs[ROUTING_ATTR] = {"experts": int(doc["experts"]), "topk": int(doc["topk"]), "source": "simulator"}
-    return out
-
-
-def parse_expert_loads(text: str, name: str = "expert loads") -> pd.DataFrame:
-    """Any known format, sniffed: the simulator's JSON, engine step JSON lines, or CSV with a
-    ``rank,step,layer,tokens`` header. ``name`` (the file) appears in errors."""
-    head = text.lstrip()[:1]
-    if head == "{":
-        first = text.lstrip().split("\n", 1)[0]
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError:
-            doc = None
-        if isinstance(doc, dict) and "tokens" in doc:
-            return parse_sim_expert_loads(doc)
-        if '"expert_recv"' in first or '"expert_recv"' in text[:100_000]:
-            return parse_engine_steps(text)
-        raise LoadsFormatError(f"{name}: JSON without 'tokens' (simulator) or 'expert_recv' (engine steps)")
-    try:
-        df = pd.read_csv(io.StringIO(text))
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a format error for the user
-        raise LoadsFormatError(f"{name}: not JSON and not CSV ({exc})") from None
-    missing = [c for c in LOAD_COLUMNS if c not in df.columns]
-    if missing:
-        raise LoadsFormatError(f"{name}: CSV needs columns {', '.join(LOAD_COLUMNS)}; missing {', '.join(missing)}")
-    return df[LOAD_COLUMNS].astype("int64")
-
-
-def _loads_frame(rows: list[tuple]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=LOAD_COLUMNS).astype("int64")
 
 
 # ---- EP balancedness -------------------------------------------------------------------------
@@ -311,7 +237,7 @@ def dp_step_samples(steps: pd.DataFrame, dp: pd.DataFrame | None,
                     cause_steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per step with known token counts (the bootstrap unit; ranks of one step move together):
     summed step time over ranks, tokens (from ``dp_imbalance``'s table), balancedness, and the time
-    ranks spent waiting for others (``cause_kinds.is_wait_cause`` rows of ``cause_steps``; NaN when unknown).
+    ranks spent waiting for others (``vocabulary.is_wait_cause`` rows of ``cause_steps``; NaN when unknown).
     Steps without token counts are left out: no token count, no imbalance to price."""
     if steps is None or not len(steps) or dp is None or not len(dp):
         return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("mean_tokens", "balancedness", "wait_ns_sum")
@@ -321,7 +247,7 @@ def dp_step_samples(steps: pd.DataFrame, dp: pd.DataFrame | None,
     tok = dp[["step", "total_tokens", "mean_tokens", "max_tokens", "balancedness"]]
     per = per.merge(tok, on="step", how="inner")
     if cause_steps is not None:
-        from profkit.analyze.cause_kinds import WAIT, kinds_of
+        from profkit.analyze.vocabulary import WAIT, kinds_of
 
         waits = cause_steps[(kinds_of(cause_steps["cause"]) == WAIT).to_numpy(dtype=bool)]
         per["wait_ns_sum"] = per["step"].map(waits.groupby("step")["ns"].sum()).fillna(0).astype("float64")

@@ -47,27 +47,15 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
+from profkit.align.sequences import (  # noqa: F401 - the source kinds and tolerances: read from here too
+    COINCIDENT_KINDS, CPU_SPAN, KERNEL, LAUNCH_SPAN, SOURCE_KINDS, TOL_NS, match_sequences,
+)
 from profkit.analyze.gpu import is_comm_kernel
+from profkit.analyze.intervals import nesting_parents
 from profkit.analyze.syncpoints import (
     COLL_OP_RE, COLLECTIVE_KERNEL, COLLECTIVE_LAUNCH, DP_SYNC_CATEGORY, decide_sync_names, host_sync_rows, span_facts,
 )
 from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
-
-KERNEL = "kernel"
-CPU_SPAN = "cpu_span"
-LAUNCH_SPAN = "launch_span"
-SOURCE_KINDS = (KERNEL, CPU_SPAN, LAUNCH_SPAN)
-COINCIDENT_KINDS = (KERNEL, CPU_SPAN)  # kinds whose ends are one real moment on all participants
-
-# Tolerance on end coincidence when matching without sequence numbers. Measured on the project's
-# DEP2 H200 captures: NCCL all-to-all kernel ends differ by up to ~15 us between ranks sharing a
-# clock, Gloo / DP-sync span ends by up to ~0.6 ms.
-TOL_NS = {KERNEL: 50_000, CPU_SPAN: 1_000_000, LAUNCH_SPAN: 1_000_000}
-CPU_TOL_MAX_FACTOR = 5  # host-span tolerance may widen with the spacing of instances, up to 5 ms
-DRIFT_MAX_PPM = 200.0  # how far clocks may drift apart while tracking matches along time
-MAX_LAG = 512  # order matching: largest lag (instances cut off one rank) searched
-VOTE_PAIRS = 2_000_000  # vote on at most this many end differences per rank pair
-NEIGHBOURS = 9  # order pairs judged with this many neighbours (a rolling median of end differences)
 
 _HOST_KINDS = (schema.CPU_OP, schema.CPU_SPAN)
 _PRIORITY = {KERNEL: 0, CPU_SPAN: 1, LAUNCH_SPAN: 2}
@@ -347,7 +335,7 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
             continue
         s = s.sort_values(["start", "end"], ascending=[True, False], kind="stable")
         starts, ends = s["start"].to_numpy(), s["end"].to_numpy()
-        parent = _parents(starts, ends)
+        parent = nesting_parents(starts, ends)
         t0, t1 = launches["start"].to_numpy(), launches["end"].to_numpy()
         cand = np.searchsorted(starts, t0, side="right") - 1
         for _ in range(8):  # climb to the first span that encloses the call
@@ -401,19 +389,6 @@ def _holds_nccl_span(spans: pd.DataFrame, nccl: pd.DataFrame) -> np.ndarray:
         hi = np.searchsorted(starts, g["end_ns"].to_numpy(np.int64), side="right")
         out[pos[g.index].to_numpy()] = hi > lo
     return out
-
-
-def _parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Index of the enclosing span of each span (sorted by start, longest first), -1 at top level."""
-    parent = np.full(len(starts), -1, dtype=np.int64)
-    stack: list[int] = []
-    for i in range(len(starts)):
-        while stack and ends[stack[-1]] < ends[i]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    return parent
 
 
 def _launch_rows(spans: pd.DataFrame) -> pd.DataFrame:
@@ -527,235 +502,6 @@ def _match_by_order(o: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, in
     return o[o["_label"].notna()].drop(columns="_idx"), lost
 
 
-def match_sequences(
-    a: dict[str, np.ndarray], b: dict[str, np.ndarray], tol: dict[str, int]
-) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
-    """Pair the end times of two ranks, per key: ``{key: (indices into a, indices into b)}``.
-
-    Order with a lag first; if that leaves more than a fifth of the possible pairs inconsistent
-    with one line (offset + drift), votes and tracking. Returns the pairs and "order" | "vote".
-    """
-    keys = [k for k in a if k in b and len(a[k]) and len(b[k])]
-    if not keys:
-        return {}, "order"
-    tol = {k: _spacing_tolerance(a[k], tol[k]) if k in keys else tol[k] for k in tol}
-    possible = sum(min(len(a[k]), len(b[k])) for k in keys)
-    order = {k: _order_lag(a[k], b[k], tol[k]) for k in keys}
-    kept = _consistent(a, b, order, tol)
-    n_order = sum(len(v[0]) for v in kept.values())
-    if n_order >= 0.8 * possible:
-        return kept, "order"
-    voted = _vote_track(a, b, keys, tol)
-    n_vote = sum(len(v[0]) for v in voted.values())
-    if n_vote > n_order:
-        return voted, "vote"
-    return kept, "order"
-
-
-def _spacing_tolerance(ends: np.ndarray, tol_ns: int) -> int:
-    """Host-span ends (Gloo / DP sync) of busy processes disagree by the scheduler's delays, ms on
-    a loaded host: widen their tolerance up to a quarter of the instances' median spacing (order
-    stays unambiguous below half of it), at most CPU_TOL_MAX_FACTOR times the measured one.
-    Kernel tolerances are left as they are."""
-    if tol_ns < TOL_NS[CPU_SPAN] or len(ends) < 3:
-        return tol_ns
-    spacing = int(np.median(np.diff(np.sort(ends))))
-    return max(tol_ns, min(CPU_TOL_MAX_FACTOR * tol_ns, spacing // 4))
-
-
-def _order_lag(a: np.ndarray, b: np.ndarray, tol: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs a[i] <-> b[i + L] for the lag L whose neighbouring end differences agree most often."""
-    n, m = len(a), len(b)
-    if n == 1 or m == 1:
-        if n == m:
-            return np.zeros(1, np.int64), np.zeros(1, np.int64)
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    lo, hi = max(-(n - 2), -MAX_LAG), min(m - 2, MAX_LAG)
-    lags = sorted(range(lo, hi + 1), key=lambda L: (abs(L), L))
-    need = 0.9 * (min(n, m) - 1)
-    best_l, best_score = 0, -1
-    for L in lags:
-        i0, i1 = max(0, -L), min(n, m - L)
-        if i1 - i0 < 2:
-            continue
-        d = b[i0 + L:i1 + L] - a[i0:i1]
-        score = int((np.abs(np.diff(d)) <= tol).sum())
-        if score > best_score:
-            best_l, best_score = L, score
-        if score >= need:
-            break
-    i0, i1 = max(0, -best_l), min(n, m - best_l)
-    ia = np.arange(i0, i1, dtype=np.int64)
-    return ia, ia + best_l
-
-
-def line_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Theil-Sen line y = a + b x (median of pairwise slopes on at most 64 points): robust start."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if len(x) == 0:
-        return 0.0, 0.0
-    if len(x) > 64:
-        pick = np.linspace(0, len(x) - 1, 64).round().astype(np.int64)
-        order = np.argsort(x, kind="stable")[pick]
-        xs, ys = x[order], y[order]
-    else:
-        xs, ys = x, y
-    i, j = np.triu_indices(len(xs), k=1)
-    dx = xs[j] - xs[i]
-    ok = dx > 0
-    b = float(np.median((ys[j] - ys[i])[ok] / dx[ok])) if ok.any() else 0.0
-    a = float(np.median(y - b * x))
-    return a, b
-
-
-def _consistent(a, b, pairs, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Keep order pairs whose end difference lies within the key's tolerance of one robust line."""
-    xs, ys = [], []
-    for k, (ia, ib) in pairs.items():
-        xs.append(a[k][ia])
-        ys.append(b[k][ib] - a[k][ia])
-    if not xs:
-        return {}
-    x = np.concatenate(xs)
-    y = np.concatenate(ys)
-    if len(x) == 0:
-        return {k: v for k, v in pairs.items()}
-    x0 = int(np.median(x))
-    off, slope = line_fit(x - x0, y)
-    out = {}
-    for k, (ia, ib) in pairs.items():
-        r = b[k][ib] - a[k][ia] - (off + slope * (a[k][ia] - x0))
-        ok = np.abs(r) <= tol[k]
-        # one odd end between two consistent neighbours is still the same instance (order holds)
-        glitch = ~ok & np.r_[False, ok[:-1]] & np.r_[ok[1:], False]
-        keep = ok | glitch
-        if tol[k] >= TOL_NS[CPU_SPAN]:
-            # host spans: so are noisy ends where the pairs around them agree with the line. A
-            # missing instance shifts every later difference by a whole spacing, one late release
-            # does not (a host released from a Gloo collective may wake ms late on a loaded CPU);
-            # kernel ends are exact and keep the strict rule
-            around = pd.Series(r).rolling(NEIGHBOURS, center=True, min_periods=3).median().to_numpy()
-            keep |= np.abs(np.nan_to_num(around, nan=np.inf)) <= tol[k]
-        out[k] = (ia[keep], ib[keep])
-    return out
-
-
-def _vote_track(a, b, keys, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Find the offset most end pairs agree on, then grow matches along time with a drifting line.
-
-    Votes use the keys of the most exact kind and at most VOTE_PAIRS differences, from a central
-    block of the anchor's ends; the vote window allows DRIFT_MAX_PPM over the block, so the pairs
-    it starts from do not depend on the drift.
-    """
-    tight = min(tol[k] for k in keys)
-    vote_keys = [k for k in keys if tol[k] == tight]
-    d_parts, k_parts, i_parts, j_parts = [], [], [], []
-    span = 0
-    for n_key, k in enumerate(vote_keys):
-        ak, bk = a[k], b[k]
-        per = max(1, VOTE_PAIRS // max(len(bk) * len(vote_keys), 1))
-        i_lo = 0
-        if len(ak) > per:
-            i_lo = max(0, len(ak) // 2 - per // 2)
-        ak = ak[i_lo:i_lo + per]
-        span = max(span, int(ak[-1] - ak[0]))
-        ii, jj = np.meshgrid(np.arange(len(ak), dtype=np.int64), np.arange(len(bk), dtype=np.int64), indexing="ij")
-        d_parts.append((bk[None, :] - ak[:, None]).ravel())
-        k_parts.append(np.full(ii.size, n_key, dtype=np.int64))
-        i_parts.append(ii.ravel() + i_lo)
-        j_parts.append(jj.ravel())
-    d = np.concatenate(d_parts)
-    order = np.argsort(d, kind="stable")
-    d = d[order]
-    kk, ii, jj = (np.concatenate(parts)[order] for parts in (k_parts, i_parts, j_parts))
-    best: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for scale in (1, 4, 16):  # too few matches at the tight tolerance: widen it
-        width = 2 * tight * scale + int(DRIFT_MAX_PPM * 1e-6 * span)
-        counts = np.searchsorted(d, d + width, side="right") - np.arange(len(d))
-        k0 = int(np.argmax(counts))
-        sel = slice(k0, k0 + int(counts[k0]))
-        seed = {}
-        for n_key, k in enumerate(vote_keys):
-            m = kk[sel] == n_key
-            seed[k] = _one_to_one(ii[sel][m], jj[sel][m], np.abs(d[sel][m] - np.median(d[sel])))
-        found = _track(a, b, keys, {k: tol[k] * scale for k in keys}, seed)
-        if sum(len(v[0]) for v in found.values()) >= 3:
-            return found
-        if sum(len(v[0]) for v in found.values()) > sum(len(v[0]) for v in best.values()):
-            best = found
-    return best
-
-
-def _one_to_one(ia: np.ndarray, ib: np.ndarray, err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each end used once: an end claimed twice (either side) goes to the closer partner."""
-    order = np.lexsort((err, ib))
-    ia, ib, err = ia[order], ib[order], err[order]
-    first = np.r_[True, ib[1:] != ib[:-1]] if len(ib) else np.zeros(0, bool)
-    ia, ib, err = ia[first], ib[first], err[first]
-    order = np.lexsort((err, ia))
-    ia, ib = ia[order], ib[order]
-    first = np.r_[True, ia[1:] != ia[:-1]] if len(ia) else np.zeros(0, bool)
-    ia, ib = ia[first], ib[first]
-    srt = np.argsort(ia, kind="stable")
-    return ia[srt], ib[srt]
-
-
-def _fit_pairs(a, b, pairs) -> tuple[float, float, int, int, int, int]:
-    """Robust line through the pairs' end differences: (offset, slope, x0, lo, hi, n)."""
-    xs = [a[k][ia] for k, (ia, ib) in pairs.items()]
-    ys = [b[k][ib] - a[k][ia] for k, (ia, ib) in pairs.items()]
-    x = np.concatenate(xs) if xs else np.empty(0, np.int64)
-    y = np.concatenate(ys) if ys else np.empty(0, np.int64)
-    if len(x) == 0:
-        return 0.0, 0.0, 0, 0, 0, 0
-    lo, hi = int(x.min()), int(x.max())
-    x0 = int(np.median(x))
-    if len(x) >= 2 and hi - lo >= 10_000_000:
-        off, slope = line_fit(x - x0, y)
-    else:
-        off, slope = float(np.median(y)), 0.0
-    return off, slope, x0, lo, hi, len(x)
-
-
-def _track(a, b, keys, tol, seed) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Grow matches from ``seed`` pairs: nearest end to the line's prediction, within the tolerance
-    plus DRIFT_MAX_PPM of the distance from the time already covered; refit; repeat until stable."""
-    result = {k: seed.get(k, (np.empty(0, np.int64), np.empty(0, np.int64))) for k in keys}
-    seen: set = set()
-    for _ in range(30):
-        off, slope, x0, lo, hi, n = _fit_pairs(a, b, result)
-        if n == 0:
-            return result
-        new = {}
-        for k in keys:
-            ak, bk = a[k], b[k]
-            pred = ak + np.rint(off + slope * (ak - x0)).astype(np.int64)
-            if len(bk) > 1:
-                j = np.clip(np.searchsorted(bk, pred), 1, len(bk) - 1)
-                j = np.where(np.abs(bk[j - 1] - pred) <= np.abs(bk[j] - pred), j - 1, j)
-            else:
-                j = np.zeros(len(ak), np.int64)
-            err = np.abs(bk[j] - pred)
-            dist = np.maximum(np.maximum(lo - ak, ak - hi), 0)
-            ok = err <= tol[k] + DRIFT_MAX_PPM * 1e-6 * dist
-            new[k] = _one_to_one(np.flatnonzero(ok), j[ok], err[ok])
-        sig = tuple((k, v[0].tobytes(), v[1].tobytes()) for k, v in sorted(new.items()))
-        result = new
-        if sig in seen:
-            break
-        seen.add(sig)
-    # final: the plain tolerance around the final line
-    off, slope, x0, _, _, _ = _fit_pairs(a, b, result)
-    final = {}
-    for k, (ia, ib) in result.items():
-        r = b[k][ib] - a[k][ia] - (off + slope * (a[k][ia] - x0))
-        keep = np.abs(r) <= tol[k]
-        final[k] = (ia[keep], ib[keep])
-    return final
-
-
-# ---- output -----------------------------------------------------------------------------------
 def _finish(m: pd.DataFrame) -> pd.DataFrame:
     if m.empty:
         return _empty_instances()

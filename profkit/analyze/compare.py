@@ -23,12 +23,13 @@ With ~10 metrics at 95% each, a threshold of a few % keeps false alarms on equal
 from __future__ import annotations
 
 import math
-import re
 import zlib
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from profkit.analyze.vocabulary import WAITING_FOR_RANK_RE
 
 LOWER, HIGHER = "lower", "higher"
 IMPROVED, REGRESSED, NOISE, UNJUDGED = "improved", "regressed", "within noise", "not judged"
@@ -36,7 +37,7 @@ STATS = ("p50", "p90", "p99", "mean", "max", "min")
 STEP_SOURCES = ("step_ns", "gpu_busy_ns", "gap_ns")
 CAUSE_PREFIX = "cause:"
 DEFAULT_RESAMPLES = 2000
-_WAITING_RE = re.compile(r"^waiting for rank (\d+)$")
+_WAITING_RE = WAITING_FOR_RANK_RE
 _CHUNK_ELEMS = 4_000_000  # resampled values held at once (32 MB of float64)
 _EXACT_LIMIT = 20_000_000  # resampled values above which quantiles come from histograms
 _QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-VICTIM_PREFIXES = ("waiting for rank", "wait:", "transfer:")
+from profkit.analyze.vocabulary import VICTIM_PREFIXES, waiting_for_rank
+
 MIN_WAIT_SHARE = 0.10
 MIN_CHARGED_SHARE = 0.5
 
@@ -34,7 +35,7 @@ def verdict_consistency(per_rank: pd.DataFrame | None, straggler_ranks: list[int
     cs = cause_steps
     per = cs.groupby(["rank", "cause"])["ns"].sum() if len(cs) else pd.Series(dtype="int64")
     for s in straggler_ranks or []:
-        label = f"waiting for rank {int(s)}"
+        label = waiting_for_rank(int(s))
         waited = [int(r) for (r, c), ns in per.items() if c == label and ns > 0 and int(r) != int(s)]
         if not waited:
             out.append(f"rank {int(s)} is named a straggler, but no rank's causes include '{label}'")

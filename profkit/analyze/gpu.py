@@ -14,9 +14,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit.analyze import intervals as iv
-from profkit.analyze import distinct
 
 # NCCL/RCCL, DeepEP, vLLM custom all-reduce and symmetric-memory kernels are communication
 COMM_KERNEL_RE = re.compile(

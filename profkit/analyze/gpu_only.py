@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 GPU_ROW = "GPU work: serving minus GPU-only"
-WAIT_ROW = "waiting for other ranks"  # every wait cause (cause_kinds.is_wait_cause), whoever was waited for
+WAIT_ROW = "waiting for other ranks"  # every wait cause (vocabulary.is_wait_cause), whoever was waited for
 TRANSFER_ROW = "transfers (last arriver)"
 OTHER_ROW = "other causes"
 GPU_ONLY_COLUMNS = ["part", "mean_ns", "lo_ns", "hi_ns", "share_of_gap"]
@@ -130,7 +130,7 @@ def gpu_only_gap(gpu_steps: pd.DataFrame, serving_steps: pd.DataFrame, serving_c
     cols = {}
     notes = []
     if serving_cause_steps is not None and len(serving_cause_steps):
-        from profkit.analyze.cause_kinds import DEVICE, WAIT, kinds_of
+        from profkit.analyze.vocabulary import DEVICE, WAIT, kinds_of
 
         cs = serving_cause_steps.merge(rows[["rank", "step"]], on=["rank", "step"])
         kind = kinds_of(cs["cause"])  # waits for whichever rank, and transfers, are one part each

@@ -68,6 +68,7 @@ from profkit.analyze import intervals as iv
 from profkit.analyze import straggler_phases as ph_mod
 from profkit.analyze.gpu import is_comm_kernel
 from profkit.analyze.overhead_layers import split_at
+from profkit.analyze.vocabulary import HOST_SYNC_WAIT
 
 HOST, GPU = 0, 1
 WAIT_ON_GPU = 2  # ``work`` rows of a host's wait on its GPU: removing the sync removes the wait
@@ -182,7 +183,7 @@ def is_wait(phase: str, category: str | None = None) -> bool:
 
 def _waiting_on_gpu(phase: np.ndarray, category: np.ndarray) -> np.ndarray:
     """Host pieces where the host is blocked while its GPU works (compute or communication)."""
-    return (category == ph_mod.GPU_CATEGORY) | (phase == "wait:collective (host sync)")
+    return (category == ph_mod.GPU_CATEGORY) | (phase == HOST_SYNC_WAIT)
 
 
 def _blocked(phase: np.ndarray, category: np.ndarray) -> np.ndarray:

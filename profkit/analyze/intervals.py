@@ -125,3 +125,25 @@ def gaps(iv: Intervals, lo: int, hi: int) -> Intervals:
     ends = np.concatenate([s, [hi]])
     keep = ends > starts
     return starts[keep], ends[keep]
+
+
+def nesting_parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Innermost enclosing interval of each interval (sorted by start, longest first; -1 at top
+    level), by pointer jumping.
+
+    Start from the previous interval; while the candidate does not contain this one, jump to
+    the candidate's own candidate. No interval between a candidate and its interval can contain
+    the interval (under nesting), so the first containing candidate is the parent; rounds grow
+    with log(siblings) + depth, not with the number of intervals. Also when intervals overlap
+    partly, the answer is that of the stack walk (pop while the top ends before this one ends;
+    the top is the parent), which the collective candidates used to run in a Python loop.
+    """
+    n = starts.size
+    parent = np.arange(n, dtype=np.int64) - 1
+    todo = np.arange(n, dtype=np.int64)
+    while todo.size:
+        p = parent[todo]
+        bad = (p >= 0) & (ends[np.maximum(p, 0)] < ends[todo])
+        todo = todo[bad]
+        parent[todo] = parent[parent[todo]]
+    return parent

@@ -35,7 +35,7 @@ host-span boundary and each piece goes to the first rule that matches:
 thread with under 1% of them, e.g. NCCL's watchdog, is not one); without runtime events every
 thread of the rank is one. ``refine_waits`` renames collective waits after the last arriver
 (``waiting for rank k``; ``transfer:<collective>`` on the last arriver itself) using
-``profkit.analyze.collectives`` (``causes_table`` does it when that module is present).
+``profkit.analyze.collectives`` (``causes_table`` does it).
 Pure functions over event tables (int64 ns); no file access.
 """
 from __future__ import annotations
@@ -46,9 +46,12 @@ import numpy as np
 import pandas as pd
 
 from profkit.analyze import gpu
-from profkit.analyze import overhead_names as names_mod
-from profkit.analyze import overhead_rank as engine
+from profkit.analyze import overhead_rank as per_rank
 from profkit.analyze.overhead_layers import innermost, make_layer
+from profkit.analyze.vocabulary import (  # noqa: F401 - the categories and GPU states: read as ov.WAIT etc. too
+    BETWEEN_STEPS, CPU_OP, GC, GPU_STATES, HOST_SYNC, LAUNCH_BOUND, NO_HOST, PYTHON, SAMPLE, SELF, SPAN, UNATTRIBUTED,
+    WAIT, transfer_cause, waiting_for_rank,
+)
 
 CAUSE_COLUMNS = [
     "cause",
@@ -62,13 +65,6 @@ CAUSE_COLUMNS = [
 ]
 CAUSE_EXTRA_COLUMNS = ["category", "n_intervals", "share_of_charged", "example_dur_ns", "ranks_list"]
 CHARGED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "category", "gpu_state", "where"]
-
-# ``category`` values (what a charged interval is) and ``gpu_state`` values
-WAIT, GC, HOST_SYNC, LAUNCH_BOUND = engine.WAIT, engine.GC, engine.HOST_SYNC, engine.LAUNCH_BOUND
-BETWEEN_STEPS = engine.BETWEEN_STEPS
-SPAN, CPU_OP, PYTHON, SAMPLE, SELF = engine.SPAN, engine.CPU_OP, engine.PYTHON, engine.SAMPLE, engine.SELF
-UNATTRIBUTED, NO_HOST = engine.UNATTRIBUTED, engine.NO_HOST
-GPU_STATES = tuple(engine.STATES)
 
 NO_STEP = -1  # step number of a whole-capture window (no step markers found)
 
@@ -133,8 +129,8 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
     if sync_waits is None:
         sync_waits = sync_wait_intervals(events)
     step_names = frozenset(str(n) for n in windows["name"].dropna().unique()) if "name" in windows else frozenset()
-    vocab = engine.Vocab()
-    arrays = engine.EventArrays.build(events, step_names, vocab)
+    vocab = per_rank.Vocab()
+    arrays = per_rank.EventArrays.build(events, step_names, vocab)
     waits_by_rank = {int(r): g for r, g in sync_waits.groupby("rank", sort=False)} if len(sync_waits) else {}
     parts = []
     for rank, w in windows.groupby("rank", sort=True):
@@ -146,7 +142,7 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
         layer = None if sw is None else make_layer(sw["start_ns"].to_numpy(np.int64), sw["end_ns"].to_numpy(np.int64),
                                                    vocab.ids(sw["cause"].to_numpy(dtype=object)))
         me = w["marker_end_ns"].to_numpy(np.int64) if "marker_end_ns" in w else None
-        got = engine.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab,
+        got = per_rank.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab,
                                     layer, me)
         if got is not None:
             parts.append((int(rank), got))
@@ -163,8 +159,8 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
             "end_ns": cat("end"),
             "dur_ns": cat("end") - cat("start"),
             "cause": causes[cat("cause")],
-            "category": engine.CATEGORIES[cat("category")],
-            "gpu_state": engine.STATES[cat("state")],
+            "category": per_rank.CATEGORIES[cat("category")],
+            "gpu_state": per_rank.STATES[cat("state")],
             "where": np.where(where >= 0, causes[np.maximum(where, 0)], None),
         }
     )
@@ -281,22 +277,17 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
         last = layer.codes[j[hit]]
         rows = rows[hit]
         other = last != int(rank)
-        cause[rows[other]] = [f"waiting for rank {k}" for k in last[other]]
-        cause[rows[~other]] = [
-            "transfer:" + str(c)[len(names_mod.WAIT_PREFIX):] if str(c).startswith(names_mod.WAIT_PREFIX) else c
-            for c in cause[rows[~other]]
-        ]
+        cause[rows[other]] = [waiting_for_rank(k) for k in last[other]]
+        cause[rows[~other]] = [transfer_cause(c) for c in cause[rows[~other]]]
     out["cause"] = cause
     return out
 
 
 def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
     """``rank, start_ns, end_ns, last_rank`` per (rank, collective instance) from
-    ``profkit.analyze.collectives`` when that module is present; None otherwise."""
-    try:
-        from profkit.analyze import collectives  # written in parallel; optional here
-    except ImportError:
-        return None
+    ``profkit.analyze.collectives``; None when the matching fails."""
+    from profkit.analyze import collectives  # imports this module's neighbours: here, not at the top
+
     try:
         inst = collectives.collective_instances(events)
         matched = collectives.match_instances(inst) if len(inst) else None

@@ -99,6 +99,34 @@ def launch_runs(
     return iv.union(run_s[ok], run_e[ok])
 
 
+def launch_runs_by_thread(
+    kernel_corr: np.ndarray, kernel_starts: np.ndarray, kernel_ends: np.ndarray,
+    launch_corr: np.ndarray, launch_starts: np.ndarray, launch_threads: np.ndarray,
+) -> iv.Intervals:
+    """Launch-bound runs of one rank, every launching thread (``launch_runs`` per thread, united).
+
+    Each launch is joined to its kernel by correlation id; a correlation id with more than one
+    kernel (a graph replay: one launch, many kernels) is left out, so a replay is never a run.
+    One copy for the overhead attribution (``overhead_rank``) and the straggler phases."""
+    uniq, counts = np.unique(kernel_corr, return_counts=True)
+    single = np.isin(kernel_corr, uniq[counts == 1])
+    kc, ks, ke = kernel_corr[single], kernel_starts[single], kernel_ends[single]
+    order = np.argsort(kc)  # correlation ids are distinct here: any sort gives one order
+    kc, ks, ke = kc[order], ks[order], ke[order]
+    if not kc.size:
+        return iv.empty()
+    pos = np.clip(np.searchsorted(kc, launch_corr), 0, kc.size - 1)
+    hit = kc[pos] == launch_corr
+    ls, lt, kss, kes = launch_starts[hit], launch_threads[hit], ks[pos[hit]], ke[pos[hit]]
+    parts_s, parts_e = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    for thread in np.unique(lt):
+        m = lt == thread
+        rs, re_ = launch_runs(ls[m], kss[m], kes[m])
+        parts_s.append(rs)
+        parts_e.append(re_)
+    return iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
+
+
 def _runs(starts: np.ndarray, ends: np.ndarray, link: np.ndarray):
     """Maximal runs of consecutive items joined by ``link`` (len n-1): start, max end, count."""
     n = starts.size

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from profkit.analyze import intervals as iv
+
 NONE = -1
 
 
@@ -40,26 +42,7 @@ def make_layer(starts: np.ndarray, ends: np.ndarray, codes: np.ndarray) -> Layer
     starts, ends, codes = starts[keep], ends[keep], codes[keep]
     order = np.lexsort((-ends, starts))
     starts, ends, codes = starts[order], ends[order], codes[order]
-    return Layer(starts, ends, codes, _parents(starts, ends))
-
-
-def _parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Innermost enclosing interval of each (sorted) interval, by pointer jumping.
-
-    Start from the previous interval; while the candidate does not contain this one, jump to
-    the candidate's own candidate. No interval between a candidate and its interval can contain
-    the interval (under nesting), so the first containing candidate is the parent; rounds grow
-    with log(siblings) + depth, not with the number of intervals.
-    """
-    n = starts.size
-    parent = np.arange(n, dtype=np.int64) - 1
-    todo = np.arange(n, dtype=np.int64)
-    while todo.size:
-        p = parent[todo]
-        bad = (p >= 0) & (ends[np.maximum(p, 0)] < ends[todo])
-        todo = todo[bad]
-        parent[todo] = parent[parent[todo]]
-    return parent
+    return Layer(starts, ends, codes, iv.nesting_parents(starts, ends))
 
 
 def innermost(layer: Layer, t: np.ndarray) -> np.ndarray:

@@ -12,14 +12,9 @@ import numpy as np
 
 from profkit.analyze.steps import BUILTIN_MARKERS
 from profkit.ingest.collectives import coll_from_kernel
+from profkit.analyze.vocabulary import GC_CAUSE
+from profkit.names import kernel_short_name
 
-GC_CAUSE = "gc"
-LAUNCH_BOUND = "launch_bound"
-HOST_SYNC = "host_sync"
-UNATTRIBUTED = "unattributed (no host activity)"
-BETWEEN_STEPS = "host work between steps"  # after a step annotation that covers part of the iteration
-NO_HOST = "gpu idle (no host events)"
-WAIT_PREFIX = "wait:"
 MAX_NAME = 120
 
 # GC pauses: profkit's gc.gen{n}, the bundled engine's "gc", the simulator's gc.collect
@@ -76,14 +71,7 @@ def collective_of_kernel(kernel: str) -> str:
     for pattern, coll in _KERNEL_COLLS:
         if pattern.search(kernel):
             return coll
-    name = kernel.strip()
-    name = name[5:] if name.startswith("void ") else name
-    name = name.replace("(anonymous namespace)::", "")
-    for stop in ("<", "("):
-        i = name.find(stop)
-        if i > 0:
-            name = name[:i]
-    return name.rsplit("::", 1)[-1] or "collective"
+    return kernel_short_name(kernel, keep_anonymous=False) or "collective"
 
 
 def is_builtin_frame(raw: str) -> bool:

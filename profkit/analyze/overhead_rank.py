@@ -17,18 +17,17 @@ from profkit.analyze import gpu
 from profkit.analyze import intervals as iv
 from profkit.analyze import overhead_host as host
 from profkit.analyze import overhead_names as nm
+from profkit.analyze import vocabulary as vc
 from profkit.analyze.overhead_layers import Layer, codes_at, covering, innermost, make_layer, split_at, starts_at
+from profkit.analyze.vocabulary import (
+    BETWEEN_STEPS, CPU_OP, GC, HOST_SYNC, LAUNCH_BOUND, NO_HOST, PYTHON, SAMPLE, SELF, SPAN, UNATTRIBUTED, WAIT,
+)
 
-# categories of a charged interval and GPU states (the ``category`` / ``gpu_state`` columns)
-WAIT, GC, HOST_SYNC, LAUNCH_BOUND = "wait", "gc", "host_sync", "launch_bound"
-SPAN, CPU_OP, PYTHON, SAMPLE, SELF = "span", "cpu_op", "python", "sample", "self"
-UNATTRIBUTED, NO_HOST = "unattributed", "no_host"
-BETWEEN_STEPS = "between_steps"
-CATEGORIES = np.array([WAIT, GC, HOST_SYNC, LAUNCH_BOUND, SPAN, CPU_OP, PYTHON, SAMPLE, SELF, UNATTRIBUTED, NO_HOST,
-                       BETWEEN_STEPS], dtype=object)
+# categories of a charged interval and GPU states (the ``category`` / ``gpu_state`` columns): vocabulary
+CATEGORIES = np.array(vc.CATEGORIES, dtype=object)
 _CAT = {c: i for i, c in enumerate(CATEGORIES)}
 IDLE, COMM_ONLY, LAUNCH_RUN = 0, 1, 2
-STATES = np.array(["idle", "comm_only", "launch_run"], dtype=object)
+STATES = np.array(vc.GPU_STATES, dtype=object)
 _MIN = np.iinfo(np.int64).min
 
 
@@ -107,18 +106,18 @@ class EventArrays:
             coll=coll_codes,
             rank_bounds=bounds,
             cause_id=vocab.ids(info["cause"]),
-            sync_id=vocab.ids([f"{nm.HOST_SYNC} ({c})" for c in info["cause"]]),
+            sync_id=vocab.ids([vc.host_sync_cause(c) for c in info["cause"]]),
             container=info["container"],
             gc=info["gc"],
             builtin=info["builtin"],
             comm=comm,
-            comm_wait_id=vocab.ids([nm.WAIT_PREFIX + nm.collective_of_kernel(u) if c else ""
+            comm_wait_id=vocab.ids([vc.wait_cause(nm.collective_of_kernel(u)) if c else ""
                                     for u, c in zip(uniques, comm)]),
             kernel_launch=flags["kernel_launch"],
             launch=flags["launch"],
             sync=flags["sync"],
             poll=flags["poll"],
-            coll_wait_id=vocab.ids([nm.WAIT_PREFIX + str(c) for c in coll_uniques]),
+            coll_wait_id=vocab.ids([vc.wait_cause(str(c)) for c in coll_uniques]),
         )
 
     def is_kind(self, rows: slice, *kinds: str) -> np.ndarray:
@@ -207,24 +206,24 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
 
     d = _Decider(ps.size)
     comm_j = covering(comm_layer, t)
-    coll_wait = codes_at(comm_layer, comm_j, vocab.id(nm.WAIT_PREFIX + "collective"))
+    coll_wait = codes_at(comm_layer, comm_j, vocab.id(vc.wait_cause("collective")))
     d.assign(pstate == COMM_ONLY, coll_wait, WAIT)
     in_sync = covering(wait_layer, t)  # the host is blocked in a collective: waiting, whatever span it is in
     d.assign(in_sync >= 0, codes_at(wait_layer, in_sync), WAIT)
-    d.assign(covering(gc_layer, t) >= 0, vocab.id(nm.GC_CAUSE), GC)
+    d.assign(covering(gc_layer, t) >= 0, vocab.id(vc.GC_CAUSE), GC)
 
     named_p = _group(layers["named_p"], t, innermost)
     named_o = _group(layers["named_o"], t, innermost)
     where = np.where(named_p >= 0, named_p, named_o)  # name code of the innermost named span
     where_id = np.where(where >= 0, ea.cause_id[np.maximum(where, 0)], -1)
-    sync_label = np.where(where >= 0, ea.sync_id[np.maximum(where, 0)], vocab.id(nm.HOST_SYNC))
+    sync_label = np.where(where >= 0, ea.sync_id[np.maximum(where, 0)], vocab.id(vc.HOST_SYNC_CAUSE))
     d.assign(covering(sync_layer, t) >= 0, sync_label, HOST_SYNC)
-    d.assign(pstate == LAUNCH_RUN, vocab.id(nm.LAUNCH_BOUND), LAUNCH_BOUND)
+    d.assign(pstate == LAUNCH_RUN, vocab.id(vc.LAUNCH_BOUND_CAUSE), LAUNCH_BOUND)
 
     def named(code: np.ndarray) -> None:
         c = np.maximum(code, 0)
         ok = (code >= 0) & ~ea.container[c]
-        d.assign(ok & ea.gc[c], vocab.id(nm.GC_CAUSE), GC)
+        d.assign(ok & ea.gc[c], vocab.id(vc.GC_CAUSE), GC)
         d.assign(ok, ea.cause_id[c], SPAN)
 
     def deeper(suffix: str) -> None:
@@ -239,11 +238,11 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     deeper("o")
     for code in (named_p, named_o):  # the step-level span's self time
         d.assign(code >= 0, ea.cause_id[np.maximum(code, 0)], SELF)
-    d.assign(t >= me[win], vocab.id(nm.BETWEEN_STEPS), BETWEEN_STEPS)
+    d.assign(t >= me[win], vocab.id(vc.BETWEEN_STEPS_CAUSE), BETWEEN_STEPS)
     if hosty.any():
-        d.assign(np.ones(ps.size, bool), vocab.id(nm.UNATTRIBUTED), UNATTRIBUTED)
+        d.assign(np.ones(ps.size, bool), vocab.id(vc.UNATTRIBUTED_CAUSE), UNATTRIBUTED)
     else:
-        d.assign(np.ones(ps.size, bool), vocab.id(nm.NO_HOST), NO_HOST)
+        d.assign(np.ones(ps.size, bool), vocab.id(vc.NO_HOST_CAUSE), NO_HOST)
     return _merge(step, ps, pe, d.cause, d.category, pstate, where_id)
 
 
@@ -278,30 +277,8 @@ def _launch_runs(ea: EventArrays, r: slice, is_comm: np.ndarray) -> iv.Intervals
     is_kernel = ea.is_kind(r, schema.KERNEL) & ~is_comm & (corr >= 0)
     if is_launch.sum() < host.RUN_MIN_LAUNCHES or not is_kernel.any():
         return iv.empty()
-    kc = corr[is_kernel]
-    uniq, counts = np.unique(kc, return_counts=True)
-    single = uniq[counts == 1]
-    kmask = np.isin(kc, single)
-    k_corr = kc[kmask]
-    k_order = np.argsort(k_corr)
-    k_corr = k_corr[k_order]
-    ks = ea.start[r][is_kernel][kmask][k_order]
-    ke = ea.end[r][is_kernel][kmask][k_order]
-    l_corr = corr[is_launch]
-    if not k_corr.size:
-        return iv.empty()
-    pos = np.clip(np.searchsorted(k_corr, l_corr), 0, k_corr.size - 1)
-    hit = k_corr[pos] == l_corr
-    ls = ea.start[r][is_launch][hit]
-    lt = ea.thread[r][is_launch][hit]
-    kss, kes = ks[pos[hit]], ke[pos[hit]]
-    parts_s, parts_e = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-    for thread in np.unique(lt):
-        m = lt == thread
-        rs, re_ = host.launch_runs(ls[m], kss[m], kes[m])
-        parts_s.append(rs)
-        parts_e.append(re_)
-    return iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
+    return host.launch_runs_by_thread(corr[is_kernel], ea.start[r][is_kernel], ea.end[r][is_kernel],
+                                      corr[is_launch], ea.start[r][is_launch], ea.thread[r][is_launch])
 
 
 def _host_layers(ea: EventArrays, r: slice, primary: list[int], others: list[int]) -> dict[str, list[Layer]]:

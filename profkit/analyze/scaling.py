@@ -9,8 +9,8 @@ step times alone cannot tell those apart; this splits every step of each run int
 
 per (rank, step), from the analysis tables: ``cause_steps`` charges each GPU-idle (or
 communication-only) interval of a step to a cause; the causes that are waiting for other ranks
-(``cause_kinds.is_wait_cause``) give ``wait_ns``; the last arriver's own transfer
-(``cause_kinds.is_device_cause``) is device work and counts with the GPU; the rest is host
+(``vocabulary.is_wait_cause``) give ``wait_ns``; the last arriver's own transfer
+(``vocabulary.is_device_cause``) is device work and counts with the GPU; the rest is host
 overhead; what is left of the step (the GPU computing, not charged to anything) is ``gpu_ns``.
 The change of the mean step time between the runs is then the sum of the three changes, each
 with a bootstrap interval over steps (each run's steps resampled independently, the same
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from profkit.analyze.cause_kinds import DEVICE, WAIT, kinds_of
+from profkit.analyze.vocabulary import DEVICE, WAIT, kinds_of
 
 PARTS = ("step_ns", "gpu_ns", "host_ns", "wait_ns")
 TITLES = {"step_ns": "step time", "gpu_ns": "GPU time (computing + own transfers)",

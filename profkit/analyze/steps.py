@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profkit import schema
-from profkit.analyze import distinct, gpu
+from profkit import distinct, schema
+from profkit.analyze import gpu
 from profkit.analyze import intervals as iv
 from profkit.analyze.window import recorded_window
 

@@ -64,6 +64,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profkit.analyze import vocabulary as vc
+
 EPISODE_COLUMNS = [
     "rank", "step", "late_ns", "late_max_ns", "late_z", "times_last", "caused_wait_ns", "cause", "cause_ns",
     "cause_baseline_ns", "cause_excess_ns", "straggler",
@@ -74,7 +76,7 @@ MIN_LATE_Z = 6.0  # an episode's lateness is this many robust standard deviation
 MIN_CAUSE_SHARE = 0.5  # ... and one cause's excess over its baseline is at least half of it
 MIN_STEP_SHARE = 0.2  # ... and it is at least a fifth of the best rank's own work per step
 MIN_SCALE_NS = 10_000  # floor of the lateness noise scale (10 us): below, timing noise
-VICTIM_PREFIXES = ("waiting for rank", "wait:", "transfer:")  # waiting for others: never a cause
+VICTIM_PREFIXES = vc.VICTIM_PREFIXES  # waiting for others: never a cause
 
 
 def straggler_episodes(lateness: pd.DataFrame | None, per_rank: pd.DataFrame | None,

@@ -40,11 +40,13 @@ from profkit.analyze import gpu
 from profkit.analyze import intervals as iv
 from profkit.analyze import overhead as ov
 from profkit.analyze import overhead_host as host_mod
+from profkit.analyze import vocabulary as vc
 from profkit.analyze.overhead_layers import covering, make_layer, split_at
+from profkit.names import kernel_short_name
 
 GPU_PREFIX = "gpu:"
-WAIT_PREFIXES = ("wait:", "waiting for rank", "transfer:")
-GPU_CATEGORY = "gpu"
+WAIT_PREFIXES = vc.VICTIM_PREFIXES
+GPU_CATEGORY = vc.GPU_CATEGORY
 PIECE_COLUMNS = ["rank", "start_ns", "end_ns", "phase", "category"]
 WINDOW_COLUMNS = ["window", "rank", "start_ns", "end_ns"]
 BLOCKING_COPY_NS = 50_000  # a copy call this long blocked the host (async copies return in ~10 us)
@@ -59,13 +61,7 @@ def is_victim_phase(phase: str, category: str | None = None) -> bool:
 
 def kernel_label(name: str) -> str:
     """``gpu:`` + the kernel's short name (no ``void``, namespaces, templates or arguments)."""
-    s = str(name).strip()
-    s = s[5:] if s.startswith("void ") else s
-    for stop in ("<", "("):
-        i = s.find(stop)
-        if i > 0:
-            s = s[:i]
-    return GPU_PREFIX + (s.strip().rsplit("::", 1)[-1] or "kernel")
+    return GPU_PREFIX + (kernel_short_name(str(name)).strip() or "kernel")
 
 
 # ---- labelling -----------------------------------------------------------------------------
@@ -175,25 +171,11 @@ def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Interval
     for rank in np.unique(lr):
         r = g.of(int(rank))
         k_ok = ~g.comm[r] & (g.corr[r] >= 0)
-        kc, ks, ke = g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok]
-        uniq, counts = np.unique(kc, return_counts=True)
-        single = np.isin(kc, uniq[counts == 1])
-        kc, ks, ke = kc[single], ks[single], ke[single]
-        order = np.argsort(kc)
-        kc, ks, ke = kc[order], ks[order], ke[order]
         m = lr == rank
-        if not kc.size or m.sum() < host_mod.RUN_MIN_LAUNCHES:
+        if m.sum() < host_mod.RUN_MIN_LAUNCHES:
             continue
-        pos = np.clip(np.searchsorted(kc, lc[m]), 0, kc.size - 1)
-        hit = kc[pos] == lc[m]
-        t_ls, t_th, t_ks, t_ke = ls[m][hit], thread[m][hit], ks[pos[hit]], ke[pos[hit]]
-        s_parts, e_parts = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for th in np.unique(t_th):
-            sel = t_th == th
-            rs, re_ = host_mod.launch_runs(t_ls[sel], t_ks[sel], t_ke[sel])
-            s_parts.append(rs)
-            e_parts.append(re_)
-        runs = iv.union(np.concatenate(s_parts), np.concatenate(e_parts))
+        runs = host_mod.launch_runs_by_thread(g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok],
+                                              lc[m], ls[m], thread[m])
         if not runs[0].size:
             continue
         gs, ge, comm = g.start[r], g.end[r], g.comm[r]
@@ -243,7 +225,7 @@ def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: i
         ph[busy] = g.vocab[compute.codes[j[busy]]]
         ct[busy] = GPU_CATEGORY
         waiting = sync & ~busy & _inside(comm_iv, ps)
-        ph[waiting] = "wait:collective (host sync)"
+        ph[waiting] = vc.HOST_SYNC_WAIT
         ct[waiting] = ov.WAIT
         copy_idle = blocked & ~busy & ~waiting & (ct != ov.HOST_SYNC)
         ph[copy_idle] = np.array([f"{ov.HOST_SYNC} ({p})" for p in ph[copy_idle]], dtype=object)

@@ -446,7 +446,8 @@ def wait_intervals(candidates: pd.DataFrame | None) -> pd.DataFrame:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"),
                              "end_ns": pd.Series(dtype="int64"), "cause": pd.Series(dtype=object)})
     c = candidates[(candidates["source_kind"] == "cpu_span").to_numpy(bool)]
-    from profkit.analyze.overhead_names import WAIT_PREFIX, cause_name
+    from profkit.analyze.overhead_names import cause_name
+    from profkit.analyze.vocabulary import WAIT_PREFIX
 
     return pd.DataFrame({
         "rank": c["rank"].to_numpy(np.int64),
@@ -569,7 +570,7 @@ def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict
 
 def _aligned_ends(g: pd.DataFrame) -> bool:
     """Ends of one name's instances line up across ranks while their starts spread."""
-    from profkit.analyze.collectives import match_sequences
+    from profkit.align.sequences import match_sequences
 
     ranks = sorted(g["rank"].unique())[:MAX_SAMPLE_RANKS]
     if len(ranks) < 2:

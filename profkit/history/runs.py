@@ -164,7 +164,7 @@ def run_from_analysis(analysis, label: str, source: str = "") -> RunData:
     analysis folder would hold, with per-step cause samples recomputed when the analysis did not
     keep them (``Analysis.cause_steps``)."""
     from profkit.analyze.compare import cause_step_samples
-    from profkit.report.files import summary_document
+    from profkit.analyze.result import summary_document
 
     steps = analysis.steps[STEP_SAMPLE_COLUMNS].astype("int64").reset_index(drop=True)
     cause_steps = getattr(analysis, "cause_steps", None)

@@ -17,17 +17,14 @@ from profkit import schema
 from profkit.errors import DuplicateRankError, TraceError
 from profkit.ingest import cache
 from profkit.ingest.base import RankPart
+from profkit.ingest.readers import TRACE_SUFFIXES, read_parts, sniff  # noqa: F401 - loader.sniff too
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".qdrep", ".jsonl")
 # files a capture folder holds that are not traces
 NOT_TRACES = re.compile(
     r"^(manifest|truth|summary|alignment|expert_loads)\.json$|\.timings\.|^steps\.|^causes\.|^stragglers\."
     r"|^rank\d+\.(engine|worker)\.json$"  # the bundled engine's per-process identity files
 )
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?=[^0-9]|$)", re.IGNORECASE)
-
-_GZIP_MAGIC = b"\x1f\x8b"
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
@@ -68,61 +65,13 @@ def _looks_like_trace(path: Path) -> bool:
     return True
 
 
-def sniff(path: Path) -> str:
-    """Which reader a file needs: kineto | chrome | nsys | nsys-rep."""
-    if path.name.endswith((".nsys-rep", ".qdrep")):
-        return "nsys-rep"
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(16)
-    except OSError as exc:
-        raise TraceError(path, f"cannot open: {exc.strerror or exc}") from None
-    if not head:
-        raise TraceError(path, "empty file")
-    if head.startswith(_SQLITE_MAGIC):
-        return "nsys"
-    if path.name.endswith(".jsonl"):
-        from profkit.ingest.spans import is_span_file
-
-        if is_span_file(path):
-            return "profkit"
-        raise TraceError(path, "JSON lines file that is not a profkit span file (no profkit_spans header)")
-    if head.startswith(_GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
-        from profkit.ingest.kineto import sniff_json
-
-        return sniff_json(path)
-    raise TraceError(path, "unknown format: not JSON, gzip'd JSON or an Nsight Systems SQLite export")
-
-
 def read_file(path: Path, pid_to_rank: dict[int, int] | None = None) -> list[RankPart]:
-    """Parse one file with the right reader (through the parsed-trace cache)."""
+    """Parse one file with the right reader (``readers.READERS``; through the parsed-trace cache)."""
     options = {"pid_to_rank": sorted(pid_to_rank.items())} if pid_to_rank else None
     cached = cache.load(path, options)
     if cached is not None:
         return cached
-    kind = sniff(path)
-    if kind == "kineto":
-        from profkit.ingest.kineto import read_kineto
-
-        parts = read_kineto(path)
-    elif kind == "chrome":
-        from profkit.ingest.chrome import read_chrome
-
-        parts = read_chrome(path)
-    elif kind == "nsys":
-        from profkit.ingest.nsys import read_nsys
-
-        parts = read_nsys(path, pid_to_rank=pid_to_rank)
-    elif kind == "profkit":
-        from profkit.ingest.spans import read_spans
-
-        parts = read_spans(path)
-    elif kind == "nsys-rep":
-        from profkit.ingest.nsys import read_nsys_rep
-
-        parts = read_nsys_rep(path, pid_to_rank=pid_to_rank)
-    else:  # pragma: no cover - sniff returns only the kinds above
-        raise TraceError(path, f"no reader for {kind}")
+    parts = read_parts(path, sniff(path), pid_to_rank)
     cache.store(path, parts, options)
     return parts
 

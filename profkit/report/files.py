@@ -2,49 +2,13 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
+from profkit.analyze.result import summary_document
+
 STEPS_CSV_COLUMNS = ["rank", "step", "start_ns", "end_ns", "step_ns", "gpu_busy_ns", "gpu_kernel_ns", "gap_ns"]
-
-
-def _jsonable(value: Any) -> Any:
-    if value is None or value is pd.NA:
-        return None
-    if hasattr(value, "item"):  # numpy scalar
-        value = value.item()
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        return int(value) if value.is_integer() and abs(value) < 2**63 else value
-    return value
-
-
-def summary_document(analysis) -> dict[str, Any]:
-    """The JSON document for ``summary.json`` (``ranks`` is a list sorted by rank)."""
-    alignment = analysis.alignment.summary() if analysis.alignment is not None else {}
-    ranks = []
-    for row in analysis.ranks.to_dict("records"):
-        entry = {k: _jsonable(v) for k, v in row.items()}
-        entry["alignment"] = alignment.get(int(row["rank"]))
-        ranks.append(entry)
-    return {
-        "profkit_version": analysis.version,
-        "step_marker": analysis.step_marker,
-        "stragglers": None if analysis.straggler_ranks is None else [int(r) for r in analysis.straggler_ranks],
-        "n_ranks": len(ranks),
-        "ranks": ranks,
-        "inputs": [{k: _jsonable(v) for k, v in r.items()} for r in analysis.capture.parts.to_dict("records")],
-        "consistency": list(getattr(analysis, "consistency", None) or []),
-        "skipped": list(analysis.capture.skipped),
-        "unranked_processes": [{k: _jsonable(v) if not isinstance(v, list) else v for k, v in u.items()}
-                               for u in getattr(analysis.capture, "unranked", [])],
-        "warnings": list(analysis.capture.warnings) + list(analysis.warnings),
-        "impact": impact.to_summary() if (impact := getattr(analysis, "impact", None)) is not None else None,
-    }
 
 
 def write_outputs(analysis, out_dir: str | Path) -> list[Path]:

@@ -15,12 +15,12 @@ import pandas as pd
 
 from profkit import schema
 from profkit.align import Alignment
-from profkit.align.estimate import estimate_from_ranks
+from profkit.align.estimate import estimate_from_ranks, one_host
 from profkit.analyze import overhead
 from profkit.analyze.balance import dp_imbalance, ep_balance
 from profkit.analyze.compare import cause_step_table
 from profkit.analyze.collectives import instances_from_candidates, match_instances
-from profkit.analyze.pipeline import Analysis, one_host
+from profkit.analyze.result import Analysis
 from profkit.analyze.steps import choose_step_marker
 from profkit.analyze.straggler_episodes import straggler_episodes
 from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from profkit.names import kernel_short_name
 from profkit.simulate import stats
 
 COMPUTE_STREAM = 7  # torch's default compute stream id in real Kineto traces ("stream 7")
@@ -44,14 +45,7 @@ class OpSpec:
     @property
     def short_name(self) -> str:
         """nsys ``shortName``: the function name without template/argument lists."""
-        name = self.name
-        if name.startswith("void "):
-            name = name[5:]
-        for stop in ("<", "("):
-            i = name.find(stop)
-            if i > 0:
-                name = name[:i]
-        return name.rsplit("::", 1)[-1]
+        return kernel_short_name(self.name)
 
 
 _COPY = (
