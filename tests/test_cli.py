@@ -6,6 +6,7 @@ import gzip
 import json
 import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,18 @@ def test_second_load_comes_from_parquet_cache(shared_traces, tmp_path, monkeypat
     (good / "sampled_rank-0.json.gz").touch()
     with pytest.raises(AssertionError):
         loader.read_file(good / "sampled_rank-0.json.gz")
+
+
+def test_a_cached_file_is_named_as_this_caller_names_it(shared_traces, tmp_path, monkeypatch):
+    """The cache is keyed by the resolved path; a hit names the file the way the caller did (as a
+    fresh parse does), not the way the first caller did: summary.json and warnings must not depend
+    on what filled the cache."""
+    good = two_rank_copy(shared_traces, tmp_path / "good")
+    absolute = profkit.load(good)  # fills the cache with absolute paths
+    monkeypatch.chdir(tmp_path)
+    relative = profkit.load(Path("good"))
+    assert sorted(relative.parts["path"]) == sorted(str(Path("good") / Path(p).name) for p in absolute.parts["path"])
+    assert not any(str(tmp_path) in w for w in relative.warnings)
 
 
 def test_rank_spec_parse_errors():

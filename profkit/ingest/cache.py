@@ -68,6 +68,12 @@ def load(path: Path, options: dict | None = None) -> list[RankPart] | None:
             # cost ~7x the CPU (0.20 s vs 0.07 s for 8 ranks of 67k events)
             table = feather.read_table(entry / f"part-{i}.arrow", memory_map=False, use_threads=False)
             info = json.loads(table.schema.metadata[_META_KEY])
+            # the entry is keyed by the resolved path; its parts name the file as this caller does
+            # (as a fresh parse would), not as whoever filled the cache did (relative, absolute)
+            stored, given = str(info.get("path") or ""), str(path)
+            if stored and stored != given:
+                info["path"] = given
+                info["warnings"] = [w.replace(stored, given) for w in info.get("warnings") or []]
             table = table.replace_schema_metadata(None).cast(schema.ARROW_SCHEMA)
             parts.append(RankPart(table=table, **info))
         return parts
