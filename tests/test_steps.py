@@ -126,3 +126,26 @@ def test_timeline_exposed_comm_and_memcpy():
 )
 def test_comm_kernel_names(name, comm):
     assert bool(is_comm_kernel(pd.Series([name]))[0]) is comm
+
+
+def _vllm_026_detailed_annotation(total, n_ctx, ctx_tok, n_gen, gen_tok) -> str:
+    """The name vLLM 0.26's ``Worker.annotate_profile`` builds with ``detailed_trace_annotation``
+    (its string joins, copied from vllm/v1/worker/gpu_worker.py; the roofline sums are arbitrary)."""
+    return "".join(["execute_", str(total), "_context_", str(n_ctx), "(sq", str(ctx_tok), "sk", "900", "sqsq",
+                    "40000", "sqsk", "90000", ")_generation_", str(n_gen), "(sq", str(gen_tok), "sk", "5120",
+                    "sqsq", "64", "sqsk", "5120", ")"])
+
+
+def test_vllm_detailed_annotation_is_a_step_with_its_counts():
+    names = ["execute_context_1(200)_generation_63(63)", _vllm_026_detailed_annotation(263, 1, 200, 63, 63),
+             _vllm_026_detailed_annotation(64, 0, 0, 64, 64)]
+    df = events([span(0, n, 1000 * (i + 1), 1000 * (i + 1) + 900) for i, n in enumerate(names)])
+    steps = step_table(df)
+    assert len(steps) == 3 and set(steps["marker"]) == {"vllm"}
+    facts = step_batch_facts(pd.Series(names))
+    assert facts["phase"].tolist() == ["mixed", "mixed", "decode"]
+    assert facts["batch_size"].tolist() == [64, 64, 64]
+    assert facts["num_tokens"].tolist() == [263, 263, 64]
+    from profkit.analyze.overhead_names import cause_name
+
+    assert {cause_name(n) for n in names} == {"execute_context_N_generation_N"}

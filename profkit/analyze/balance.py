@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.analyze.steps import step_batch_facts
+from profkit.analyze.steps import VLLM_STEP_RE, step_batch_facts
 from profkit.ingest.expert_loads import (  # noqa: F401 - the parsers live in ingest; read as balance.* too
     LOAD_COLUMNS, ROUTING_ATTR, LoadsFormatError, parse_engine_steps, parse_expert_loads, parse_sim_expert_loads,
 )
@@ -55,7 +55,6 @@ DP_COLUMNS = ["step", "n_ranks", "total_tokens", "mean_tokens", "max_tokens", "m
               "balancedness", "imbalance"]
 DP_RANK_COLUMNS = ["rank", "n_steps", "tokens_mean", "tokens_share", "times_max"]
 
-_VLLM_STEP = re.compile(r"^execute_context_\d+\(.*\)_generation_\d+\(.*\)$")
 
 
 # ---- EP balancedness -------------------------------------------------------------------------
@@ -160,7 +159,7 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.D
         return base[cols]
     host = events[events["kind"].isin([schema.CPU_SPAN, schema.CPU_OP]).to_numpy(dtype=bool)]
     names = host["name"].astype("string")
-    ann = host[names.str.match(_VLLM_STEP, na=False).to_numpy(dtype=bool)]
+    ann = host[names.str.match(VLLM_STEP_RE, na=False).to_numpy(dtype=bool)]
     if not len(ann):
         return base[cols]
     facts = step_batch_facts(ann["name"])

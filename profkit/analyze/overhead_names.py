@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from profkit.analyze.steps import BUILTIN_MARKERS
+from profkit.analyze.steps import BUILTIN_MARKERS, VLLM_STEP_RE
 from profkit.ingest.collectives import coll_from_kernel
 from profkit.analyze.vocabulary import GC_CAUSE
 from profkit.names import kernel_short_name
@@ -21,7 +21,6 @@ MAX_NAME = 120
 GC_RE = re.compile(
     r"^(?:gc|gc\.collect|gc[.:_ ]?gen(?:eration)?[ _]?\d+|python[ _]gc|garbage[ _]collect(?:ion|or)?)$", re.I
 )
-_VLLM_STEP = re.compile(r"^execute_context_\d+\(.*\)_generation_\d+\(.*\)$")
 _PROFILER_STEP = re.compile(r"^(ProfilerStep)#\d+$")
 _SGLANG_STEP = re.compile(r"^step\[(\w+)[^\]]*\]$")
 _FX_GRAPH = re.compile(r"^## Call (CompiledFxGraph) \w+ ##$")
@@ -35,7 +34,7 @@ def cause_name(raw: str) -> str:
     name = str(raw).strip()
     if GC_RE.match(name):
         return GC_CAUSE
-    if _VLLM_STEP.match(name):
+    if VLLM_STEP_RE.match(name):
         return "execute_context_N_generation_N"
     for pattern in (_PROFILER_STEP, _FX_GRAPH, _MODULE):
         m = pattern.match(name)

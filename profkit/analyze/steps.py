@@ -30,6 +30,12 @@ from profkit.analyze import intervals as iv
 from profkit.analyze.window import recorded_window
 
 
+# vLLM's step annotation (``Worker.annotate_profile``): ``execute_context_{n}({tok})_generation_{n}({tok})``,
+# or with ``profiler_config.detailed_trace_annotation``
+# ``execute_{tokens}_context_{n}(sq{tok}sk..sqsq..sqsk..)_generation_{n}(sq{tok}sk..sqsq..sqsk..)``
+VLLM_STEP_RE = re.compile(r"^execute_(?:\d+_)?context_\d+\(.*\)_generation_\d+\(.*\)$")
+
+
 @dataclass(frozen=True)
 class StepMarker:
     key: str
@@ -38,7 +44,7 @@ class StepMarker:
 
 BUILTIN_MARKERS = (
     StepMarker("engine_step", re.compile(r"^(?:EngineCore\.step|EngineCore\.step_with_batch_queue|profkit\.step)$")),
-    StepMarker("vllm", re.compile(r"^execute_context_\d+\(.*\)_generation_\d+\(.*\)$")),
+    StepMarker("vllm", VLLM_STEP_RE),
     StepMarker("sglang", re.compile(r"^step\[.*\]$")),
     StepMarker("profiler_step", re.compile(r"^ProfilerStep#\d+$")),
 )
@@ -65,7 +71,8 @@ STEP_COLUMNS = [
 ANNOTATION_MARKERS = ("vllm", "sglang")
 
 _HOST_SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP)
-_VLLM_RE = re.compile(r"context_(\d+)\(([\d_]*)\)_generation_(\d+)\(([\d_]*)\)")
+# the counts of either form: "(120)" or, detailed, "(sq120sk3400sqsq...)" (query tokens first)
+_VLLM_RE = re.compile(r"context_(\d+)\((?:sq)?([\d_]*)[^)]*\)_generation_(\d+)\((?:sq)?([\d_]*)[^)]*\)")
 _SGLANG_RE = re.compile(r"^step\[(\w+)(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?")
 _NUMBER_RE = re.compile(r"#(\d+)$")
 
