@@ -139,9 +139,12 @@ def _vllm_026_detailed_annotation(total, n_ctx, ctx_tok, n_gen, gen_tok) -> str:
 def test_vllm_detailed_annotation_is_a_step_with_its_counts():
     names = ["execute_context_1(200)_generation_63(63)", _vllm_026_detailed_annotation(263, 1, 200, 63, 63),
              _vllm_026_detailed_annotation(64, 0, 0, 64, 64)]
-    df = events([span(0, n, 1000 * (i + 1), 1000 * (i + 1) + 900) for i, n in enumerate(names)])
-    steps = step_table(df)
-    assert len(steps) == 3 and set(steps["marker"]) == {"vllm"}
+    detailed = events([span(0, n, 1000 * (i + 1), 1000 * (i + 1) + 900) for i, n in enumerate(names[1:])])
+    steps = step_table(detailed)
+    assert len(steps) == 2 and set(steps["marker"]) == {"vllm_detailed"}
+    # SGLang traces carry the detailed form around their own step[...] span: SGLang's marker wins
+    both = events([span(0, names[2], 1000, 1900), span(0, "step[DECODE bs=64]", 1010, 1890)])
+    assert set(step_table(both)["marker"]) == {"sglang"}
     facts = step_batch_facts(pd.Series(names))
     assert facts["phase"].tolist() == ["mixed", "mixed", "decode"]
     assert facts["batch_size"].tolist() == [64, 64, 64]

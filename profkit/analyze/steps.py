@@ -33,7 +33,11 @@ from profkit.analyze.window import recorded_window
 # vLLM's step annotation (``Worker.annotate_profile``): ``execute_context_{n}({tok})_generation_{n}({tok})``,
 # or with ``profiler_config.detailed_trace_annotation``
 # ``execute_{tokens}_context_{n}(sq{tok}sk..sqsq..sqsk..)_generation_{n}(sq{tok}sk..sqsq..sqsk..)``
+# (either form: token counts and cause names). As step markers the detailed form comes after SGLang's:
+# SGLang traces carry it too (tracelens/sglang_qwen3-8b_decode), around their own ``step[...]``.
 VLLM_STEP_RE = re.compile(r"^execute_(?:\d+_)?context_\d+\(.*\)_generation_\d+\(.*\)$")
+_VLLM_PLAIN_RE = re.compile(r"^execute_context_\d+\(.*\)_generation_\d+\(.*\)$")
+_VLLM_DETAILED_RE = re.compile(r"^execute_\d+_context_\d+\(.*\)_generation_\d+\(.*\)$")
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,9 @@ class StepMarker:
 
 BUILTIN_MARKERS = (
     StepMarker("engine_step", re.compile(r"^(?:EngineCore\.step|EngineCore\.step_with_batch_queue|profkit\.step)$")),
-    StepMarker("vllm", VLLM_STEP_RE),
+    StepMarker("vllm", _VLLM_PLAIN_RE),
     StepMarker("sglang", re.compile(r"^step\[.*\]$")),
+    StepMarker("vllm_detailed", _VLLM_DETAILED_RE),
     StepMarker("profiler_step", re.compile(r"^ProfilerStep#\d+$")),
 )
 
@@ -68,7 +73,7 @@ STEP_COLUMNS = [
     "whole_period",
 ]
 # markers that annotate part of an iteration: a step is the period from one to the next
-ANNOTATION_MARKERS = ("vllm", "sglang")
+ANNOTATION_MARKERS = ("vllm", "sglang", "vllm_detailed")
 
 _HOST_SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP)
 # the counts of either form: "(120)" or, detailed, "(sq120sk3400sqsq...)" (query tokens first)
