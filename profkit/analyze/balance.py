@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
+from profkit.analyze.jsonable import json_scalar
 from profkit.analyze.steps import VLLM_STEP_RE, step_batch_facts
 from profkit.ingest.expert_loads import (  # noqa: F401 - the parsers live in ingest; read as balance.* too
     LOAD_COLUMNS, ROUTING_ATTR, LoadsFormatError, parse_engine_steps, parse_expert_loads, parse_sim_expert_loads,
@@ -305,12 +306,7 @@ class DpCost:
         return pd.DataFrame([m.row() for m in self.metrics])[DP_COST_COLUMNS]
 
     def to_dict(self) -> dict:
-        def clean(x):
-            if isinstance(x, float) and not math.isfinite(x):
-                return None
-            if isinstance(x, (np.floating, np.integer)):
-                return clean(x.item())
-            return x
+        clean = json_scalar
 
         return {"available": self.available, "headline": self.headline, "confidence": self.confidence,
                 "paired": self.paired, "significant": self.significant,

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analyze.uniform import recovered_share
+from profkit.analyze.jsonable import json_scalar
 
 EP_RECOVERY_COLUMNS = ["metric", "base", "cand", "delta", "delta_lo", "delta_hi"]
 _SOURCE = "ep_recovery"
@@ -51,10 +52,7 @@ class EpRecovery:
         return pd.DataFrame(rows, columns=EP_RECOVERY_COLUMNS)
 
     def to_dict(self) -> dict:
-        def clean(x):
-            if isinstance(x, (np.floating, np.integer)):
-                x = x.item()
-            return None if isinstance(x, float) and not math.isfinite(x) else x
+        clean = json_scalar
 
         return {"available": self.available, "headline": self.headline, "confidence": self.confidence,
                 "n_steps": list(self.n_steps), "notes": self.notes, "significant": self.significant,

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from profkit.analyze.jsonable import json_scalar
+
 GPU_ROW = "GPU work: serving minus GPU-only"
 WAIT_ROW = "waiting for other ranks"  # every wait cause (vocabulary.is_wait_cause), whoever was waited for
 TRANSFER_ROW = "transfers (last arriver)"
@@ -54,10 +56,7 @@ class GpuOnlyGap:
         return pd.DataFrame(self.parts, columns=GPU_ONLY_COLUMNS)
 
     def to_dict(self) -> dict:
-        def clean(x):
-            if isinstance(x, (np.floating, np.integer)):
-                x = x.item()
-            return None if isinstance(x, float) and not math.isfinite(x) else x
+        clean = json_scalar
 
         return {"available": self.available, "headline": self.headline, "confidence": self.confidence,
                 "serving_ns": clean(self.serving_ns), "gpu_only_ns": clean(self.gpu_only_ns),

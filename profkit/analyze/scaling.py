@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analyze.vocabulary import DEVICE, WAIT, kinds_of
+from profkit.analyze.jsonable import json_scalar
 
 PARTS = ("step_ns", "gpu_ns", "host_ns", "wait_ns")
 TITLES = {"step_ns": "step time", "gpu_ns": "GPU time (computing + own transfers)",
@@ -97,10 +98,7 @@ class ScalingDecomposition:
         return pd.DataFrame([p.row() for p in self.parts])[SCALING_COLUMNS]
 
     def to_dict(self) -> dict:
-        def clean(x):
-            if isinstance(x, (np.floating, np.integer)):
-                x = x.item()
-            return None if isinstance(x, float) and not math.isfinite(x) else x
+        clean = json_scalar
 
         return {"available": self.available, "headline": self.headline, "confidence": self.confidence,
                 "n_ranks": list(self.n_ranks), "n_steps": list(self.n_steps), "waits_known": self.waits_known,
