@@ -21,3 +21,7 @@ class DuplicateRankError(TraceError):
         self.first = first
         self.second = second
         super().__init__(second, f"claims rank {rank}, which {first} already claims")
+
+
+class ScaleError(RuntimeError):
+    """A task of an analysis run failed; the message names it (rank, stage, file) and why."""

@@ -47,10 +47,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # collective candidates and instances (analyze/collectives.py) need syncpoints' span facts; a
     # package of their own below align is the next move (imported lazily in estimate meanwhile)
     ("profkit.align.estimate", "profkit.analyze.collectives"): "collective candidates live in analyze",
-    # analyze() runs the stage functions through the scale driver's serial path; the stage
-    # functions (scale/stages.py, scale/run.py run_stages) belong in analyze, not moved yet.
-    # scale no longer imports pipeline (Analysis: analyze/result.py), so this is no module cycle
-    ("profkit.analyze.pipeline", "profkit.scale.run"): "analyze() runs through the scale driver",
     # Capture.steps() / .gpu_timeline(): conveniences of the public API (README: ``cap.steps()``),
     # imported lazily; moving them off Capture changes that API (a decision for the lead)
     ("profkit.ingest.loader", "profkit.analyze.gpu"): "Capture.gpu_timeline() analyzes",

@@ -13,8 +13,8 @@ import pytest
 from profkit.analyze.pipeline import analyze
 from profkit.ingest.loader import load
 from profkit.scale import ScaleError, analyze_paths
-from profkit.scale.stages import KILL_ENV
-from profkit.scale.store import frame_to_table, table_to_frame
+from profkit.analyze.stages import KILL_ENV
+from profkit.analyze.store import frame_to_table, table_to_frame
 
 pytestmark = pytest.mark.xdist_group("multiprocess")  # process pools and Dask clusters: not beside each other
 

@@ -8,8 +8,8 @@ import pytest
 
 from profkit import schema
 from profkit.ingest.loader import read_file
-from profkit.scale import stages
-from profkit.scale.store import DiskStore, MemoryStore
+from profkit.analyze import stages
+from profkit.analyze.store import DiskStore, MemoryStore
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "sample_traces/engine-dep2-h200/torch_clean/trace/rank1.pt.trace.json.gz"

@@ -2,16 +2,34 @@
 
 Every rank is first moved onto one clock (``profkit.align``); steps, GPU timelines and causes
 are computed on the aligned events, so cross-rank facts (who waited for whom) are comparable.
-The stages themselves live in ``profkit.scale`` (a map over ranks, a reduce over small tables):
-``analyze`` runs them in memory on a loaded capture. The result, ``Analysis``, is defined in
+The analysis is a map over ranks (the stage functions of ``profkit.analyze.stages``) and a reduce
+over small cross-rank tables (``run_stages``, here). ``analyze`` runs the stages serially in
+memory on a loaded capture; ``profkit.scale`` runs the same ``run_stages`` over files on a process
+pool or Dask, so both give the same tables. The result, ``Analysis``, is defined in
 ``profkit.analyze.result`` (read as ``pipeline.Analysis`` too).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import pandas as pd
 
-from profkit.align.estimate import one_host  # noqa: F401 - read as pipeline.one_host too
+from profkit import schema
+from profkit.align import Alignment
+from profkit.align.estimate import estimate_from_ranks, one_host
+from profkit.analyze import overhead, stages
+from profkit.analyze.balance import dp_imbalance, ep_balance
+from profkit.analyze.collectives import instances_from_candidates, match_instances
+from profkit.analyze.compare import cause_step_table
+from profkit.analyze.consistency import verdict_consistency
 from profkit.analyze.result import Analysis
+from profkit.analyze.stages import SerialExecutor
+from profkit.analyze.steps import choose_step_marker
+from profkit.analyze.store import MemoryStore
+from profkit.analyze.straggler_episodes import straggler_episodes
+from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
+from profkit.analyze.summary import rank_summary
+from profkit.analyze.syncpoints import sync_point_table
 from profkit.ingest.loader import Capture
 
 
@@ -21,6 +39,234 @@ def analyze(capture: Capture, step_pattern: str | None = None, expert_loads: pd.
     Runs the same per-rank stages as ``profkit.scale.analyze_paths`` (serially, in memory), so
     an analysis of a loaded capture and of files on a cluster are the same tables.
     """
-    from profkit.scale.run import analyze_capture
-
     return analyze_capture(capture, step_pattern, expert_loads)
+
+
+def analyze_capture(capture: Capture, step_pattern: str | None = None,
+                    expert_loads: pd.DataFrame | None = None) -> Analysis:
+    """The same stages, serially, on a capture already in memory (``analyze``)."""
+    store = MemoryStore()
+    keys: dict[int, list[str]] = {}
+    if len(capture.events):
+        for rank, events in capture.events.groupby("rank", sort=True, observed=True):
+            store.put(stages.events_key(int(rank)), events)
+            keys[int(rank)] = []
+    analysis = run_stages(capture, keys, store, SerialExecutor(), step_pattern, expert_loads, keep_aligned=True)
+    frames = [store.get(stages.aligned_key(r)) for r in sorted(keys)]
+    analysis.events = pd.concat(frames, ignore_index=True) if frames else capture.events
+    store.close()
+    return analysis
+
+
+def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
+               expert_loads: pd.DataFrame | None, keep_aligned: bool = False, stats: list | None = None,
+               progress: Callable[[str], None] | None = None) -> Analysis:
+    say = progress or (lambda msg: None)
+    stats = list(stats or [])
+    ranks = sorted(keys)
+    labels = [f"rank {r}" for r in ranks]
+    # map 1 + reduce: clocks and the step marker
+    prep, alignment = prepare_ranks(capture, keys, store, ex, step_pattern)
+    stats += [p.stats for p in prep]
+    if alignment is not None and not keep_aligned:
+        alignment.instances = None  # the raw-clock instances; the aligned ones are matched again below
+    _trim()
+    warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
+    chosen = choose_step_marker([p.markers for p in prep], step_pattern)
+    sync_names = _sync_names(prep, alignment)
+    say(f"aligned {len(ranks)} rank(s); analyzing each rank")
+    # map 2 + reduce: per-rank facts on the common clock, then who arrived last where
+    rr = ex.map(stages.rank_task,
+                [(r, stages.rank_alignment(alignment, r) if alignment is not None else None, chosen, step_pattern,
+                  store, keep_aligned, sync_names) for r in ranks], labels)
+    stats += [r.stats for r in rr]
+    steps = _concat([r.steps for r in rr], rr[0].steps if rr else None)
+    if steps is None:
+        from profkit.analyze.steps import step_table
+
+        steps = step_table(schema.empty_frame())
+    steps = steps.reset_index(drop=True)
+    dropped_steps = {r.rank: r.dropped_steps for r in rr if r.dropped_steps}
+    steps.attrs["dropped_steps"] = dropped_steps
+    duplicates = {k: v for r in rr for k, v in r.duplicates.items()}
+    if duplicates:
+        counts = ", ".join(f"rank {r} {src}: {n}" for (r, src), n in sorted(duplicates.items()))
+        warnings.append(f"duplicate spans dropped (kept the profkit span file's copy): {counts}")
+    for r in rr:
+        if r.cut:
+            warnings.append(f"rank {r.rank}: {r.cut} event(s) outside the window every source recorded left out")
+    for rank, n in sorted(dropped_steps.items()):
+        warnings.append(f"rank {rank}: {n} step(s) left out: not recorded whole by every source "
+                        "(outside or at the edge of a profiler window)")
+    timelines = _concat([r.timelines for r in rr], None)
+    windows = _concat([r.windows for r in rr], None)
+    extents = _concat([r.extents for r in rr], None)
+    cands = [r.candidates for r in rr if len(r.candidates)]
+    for r in rr:
+        r.candidates = None
+    instances = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
+    del cands
+    matched = match_instances(instances) if len(instances) else None
+    arrivals = None
+    if matched is not None:
+        arrivals = overhead.arrivals_from_match(instances[instances["complete"].astype(bool)], matched)
+    if windows is None:
+        windows = overhead.analysis_windows(schema.empty_frame(), steps)
+    if timelines is None:
+        from profkit.analyze.gpu import gpu_timelines
+
+        timelines = gpu_timelines(schema.empty_frame())
+    if extents is None:
+        from profkit.analyze.straggler_arrivals import trace_windows
+
+        extents = trace_windows(schema.empty_frame())
+    plan = plan_stragglers(instances, extents, steps, matched)
+    sync_points = sync_point_table(instances, matched)
+    # map 3 + reduce: phase sums in the straggler windows and the causes, then the verdicts
+    by_rank = dict(iter(arrivals.groupby("rank", sort=False))) if arrivals is not None else {}
+    fin = ex.map(stages.finish_task,
+                 [(r, plan.windows(r) if plan.measured else None, by_rank.get(r), store, keep_aligned)
+                  for r in ranks], labels)
+    stats += [f.stats for f in fin]
+    phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
+    for f in fin:
+        f.phases = None
+    _trim()
+    per_rank, per_instance, lateness = finish_stragglers(plan, phases)
+    del phases
+    causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
+    cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
+    episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
+    # map 4 + reduce: each rank's replay program, then the what-if replay over all of them
+    impact = _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels, stats)
+    charged = None
+    if keep_aligned:
+        charged = _concat([store.get(stages.charged_key(r)) for r in ranks], overhead._empty_charged())
+    for r in ranks:
+        stages.drop_rank_tables(store, r)
+    tokens = _concat([r.tokens for r in rr], None)
+    steps = _with_tokens(steps, tokens)  # batch facts of the annotation inside each step, where the marker has none
+    balance = {"dp": dp_imbalance(steps)}
+    if expert_loads is not None and len(expert_loads):
+        balance["ep"] = ep_balance(expert_loads)
+    marker = str(steps["marker"].iloc[0]) if len(steps) else None
+    return Analysis(
+        capture=capture,
+        events=None,
+        alignment=alignment,
+        steps=steps,
+        timelines=timelines,
+        ranks=rank_summary(timelines, steps),
+        step_marker=marker,
+        causes=causes,
+        charged=charged,
+        cause_steps=cause_steps,
+        stragglers=per_rank,
+        straggler_instances=per_instance,
+        lateness=lateness,
+        straggler_ranks=straggler_ranks(per_rank),
+        straggler_episodes=episodes,
+        impact=impact,
+        balance=balance,
+        warnings=warnings,
+        run_stats=stages.stats_frame(stats),
+        sync_points=sync_points,
+        phase_steps=plan.phase_steps,
+        consistency=verdict_consistency(per_rank, straggler_ranks(per_rank), cause_steps),
+    )
+
+
+def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
+             align: bool = True) -> tuple[list, Alignment | None]:
+    """Map 1 (each rank's events joined in the store, its clock facts) and the alignment over
+    them (None: not asked for, or no rank has events). The parts and the matched candidates are
+    released: the driver keeps only what the next stages need."""
+    ranks = sorted(keys)
+    prep = ex.map(stages.prepare_task, [(r, keys[r], store, step_pattern) for r in ranks],
+                  [f"rank {r}" for r in ranks])
+    for part_keys in keys.values():
+        for k in part_keys:
+            store.drop(k)
+    clocks = [p.clock for p in prep if p.clock is not None]
+    alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if align and clocks else None
+    del clocks
+    for p in prep:
+        p.clock = None
+    return prep, alignment
+
+
+def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:
+    """Span names that are sync points by cross-rank evidence (blocking OS calls, aligned ends),
+    from every rank's small span facts, the samples moved onto the common clock."""
+    from profkit.align import apply_alignment
+    from profkit.analyze.syncpoints import decide_sync_names
+
+    facts = [p.span_facts for p in prep if p.span_facts is not None and len(p.span_facts)]
+    samples = [p.span_samples for p in prep if p.span_samples is not None and len(p.span_samples)]
+    for p in prep:
+        p.span_facts = p.span_samples = None
+    if not facts:
+        return {}
+    sample = pd.concat(samples, ignore_index=True) if samples else None
+    if sample is not None and alignment is not None:
+        sample = apply_alignment(sample, alignment.ranks)
+    return decide_sync_names(pd.concat(facts, ignore_index=True), sample)
+
+
+def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels, stats):
+    """The impact table: per-rank programs on the executor, the replay on the driver."""
+    from profkit.analyze import impact as impact_mod
+    from profkit.analyze import impact_program
+
+    syncs = impact_program.syncs_from_arrivals(plan.arrivals)
+    by_rank = dict(iter(syncs.groupby("rank", sort=False))) if len(syncs) else {}
+    steps_by_rank = dict(iter(steps.groupby("rank", sort=False))) if len(steps) else {}
+    gpu_phases = frozenset(impact_mod.straggler_gpu_phases(per_rank))
+    res = ex.map(stages.impact_task,
+                 [(r, by_rank.get(r, impact_program.empty_syncs()), steps_by_rank.get(r), store, gpu_phases)
+                  for r in ranks], labels)
+    stats += [x.stats for x in res]
+    programs = [x.program for x in res]
+    for x in res:
+        x.program = None
+    straggler_list = straggler_ranks(per_rank)
+    try:
+        return impact_mod.impact_from_programs(programs, steps, causes=causes, cause_steps=cause_steps,
+                                               stragglers=per_rank, straggler_ranks=straggler_list)
+    except (ValueError, IndexError) as exc:  # a replay that cannot be built must not cost the other tables
+        return impact_mod.empty_impact(f"impact not computed: {exc}")
+
+
+def _trim() -> None:
+    """Give freed memory back to the OS between stages (glibc keeps it otherwise, and the next
+    stage's peak stacks on top): the driver's peak is what the benchmark and the user see."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def _concat(frames: list[pd.DataFrame], empty: pd.DataFrame | None) -> pd.DataFrame | None:
+    frames = [f for f in frames if f is not None and len(f)]
+    if not frames:
+        return empty
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True)
+
+
+def _with_tokens(steps: pd.DataFrame, tokens: pd.DataFrame | None) -> pd.DataFrame:
+    """The step table with each step's token count and batch size as ``balance.step_tokens`` found them
+    per rank (kept where the step table had them already)."""
+    if tokens is None or not len(steps):
+        return steps
+    idx = pd.MultiIndex.from_arrays([steps["rank"].astype("int64"), steps["step"].astype("int64")])
+    keyed = tokens.set_index(["rank", "step"])
+    out = {}
+    for col in ("num_tokens", "batch_size"):
+        if col not in keyed:
+            continue
+        found = pd.array(keyed[col].reindex(idx).to_numpy(), dtype="Int64")
+        have = pd.array(steps[col], dtype="Int64") if col in steps else pd.array([pd.NA] * len(steps), dtype="Int64")
+        out[col] = pd.Series(have).fillna(pd.Series(found)).array
+    return steps.assign(**out)

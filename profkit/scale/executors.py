@@ -14,40 +14,10 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
+from profkit.analyze.stages import SerialExecutor, stage_name as _name
+from profkit.errors import ScaleError  # noqa: F401 - read as profkit.scale.ScaleError
+
 EXECUTORS = ("serial", "pool", "dask")
-
-
-class ScaleError(RuntimeError):
-    """A task of the run failed; the message names it (rank, stage, file) and why."""
-
-
-def _name(fn: Callable) -> str:
-    return fn.__name__.removesuffix("_task")
-
-
-class SerialExecutor:
-    """Every task in this process, in order (debugging; the in-memory path)."""
-
-    name = "serial"
-    workers = 1
-
-    def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
-        out = []
-        for args, label in zip(calls, labels):
-            try:
-                out.append(fn(*args))
-            except Exception as exc:  # noqa: BLE001 - re-raised with what failed
-                raise ScaleError(f"{label}: stage {_name(fn)!r} failed: {exc!r}") from exc
-        return out
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class PoolExecutor(SerialExecutor):

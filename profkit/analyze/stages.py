@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -45,9 +46,9 @@ from profkit.analyze.straggler_arrivals import trace_windows
 from profkit.analyze.stragglers import WindowPhases, rank_window_phases
 from profkit.analyze.syncpoints import span_facts, wait_intervals
 from profkit.analyze.window import clip_to_recorded
-from profkit.errors import TraceError
+from profkit.errors import ScaleError, TraceError
 from profkit.ingest.cache import table_with_rank
-from profkit.scale.store import arrow_frame_table
+from profkit.analyze.store import arrow_frame_table
 
 KILL_ENV = "PROFKIT_TEST_KILL_TASK"  # tests only: "stage:rank[:flagfile]" makes that task's process die
 
@@ -371,3 +372,34 @@ def stats_frame(stats: list[TaskStats | None]) -> pd.DataFrame:
     out["peak_rss_bytes"] = out["peak_rss_bytes"].astype(np.int64)
     out["events"] = out["events"].astype(np.int64)
     return out
+
+
+def stage_name(fn: Callable) -> str:
+    """A task function's stage, as errors name it (``rank_task`` -> ``rank``)."""
+    return fn.__name__.removesuffix("_task")
+
+
+class SerialExecutor:
+    """Every task in this process, in order: the in-memory path (``pipeline.analyze``), and
+    debugging. The process pool and Dask executors of ``profkit.scale`` take the same ``map``."""
+
+    name = "serial"
+    workers = 1
+
+    def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
+        out = []
+        for args, label in zip(calls, labels):
+            try:
+                out.append(fn(*args))
+            except Exception as exc:  # noqa: BLE001 - re-raised with what failed
+                raise ScaleError(f"{label}: stage {stage_name(fn)!r} failed: {exc!r}") from exc
+        return out
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
