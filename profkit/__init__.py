@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
-    from profkit.ingest.loader import Capture, load  # noqa: F401
+    from profkit.analyze.capture import Capture, load  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return span
     if name in ("load", "Capture"):
-        from profkit.ingest import loader
+        from profkit.analyze import capture
 
-        return getattr(loader, name)
+        return getattr(capture, name)
     raise AttributeError(f"module 'profkit' has no attribute {name!r}")

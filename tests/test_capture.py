@@ -115,7 +115,7 @@ def test_analyze_reads_the_capture_with_nothing_else(gc_capture):
     assert "4 rank(s)" in proc.stdout and "marker 'engine_step': 120" in proc.stdout
     assert "skipped" not in proc.stderr
 
-    from profkit.ingest.loader import load
+    from profkit.analyze.capture import load
 
     cap = load(gc_capture)
     assert cap.ranks == [0, 1, 2, 3] and not cap.skipped
@@ -128,7 +128,7 @@ def test_analyze_reads_the_capture_with_nothing_else(gc_capture):
 def test_gc_rank_pauses_and_the_others_wait(gc_capture):
     """Rank 2's GC spans sit in the injected steps; at those steps the other ranks wait longer in
     the DP padding all-reduce (the straggler/cause verdict itself is the analyzer's test)."""
-    from profkit.ingest.loader import load
+    from profkit.analyze.capture import load
 
     cap = load(gc_capture)
     steps, ev = cap.steps(), cap.events
@@ -219,7 +219,7 @@ def torch_pyspy_capture(tmp_path_factory) -> Path:
 
 
 def test_torch_window_per_rank(torch_pyspy_capture):
-    from profkit.ingest.loader import load
+    from profkit.analyze.capture import load
 
     out = torch_pyspy_capture
     m = manifest(out)
@@ -243,7 +243,7 @@ def test_pyspy_per_rank(torch_pyspy_capture):
     pyspy = manifest(out)["backends"]["pyspy"]
     if not pyspy["used"]:
         pytest.skip(pyspy["skipped"])
-    from profkit.ingest.loader import load
+    from profkit.analyze.capture import load
 
     assert sorted(pyspy["files"]) == ["0", "1"] and pyspy["anchor"]["wall_ns"] > 0 and not pyspy["error"]
     assert (out / "pyspy" / "all-processes.chrometrace.gz").is_file()
@@ -281,7 +281,7 @@ def test_sigint_stops_everything_and_keeps_data(tmp_path):
     assert m["exit"]["interrupted"] and m["exit"]["signals_sent"] == ["SIGINT"]  # SIGINT alone stopped them
     assert [r["complete"] for r in m["ranks"]] == [True, True]
     assert all(p["end"] == "signal" for r in m["ranks"] for p in r["processes"])
-    from profkit.ingest.loader import load
+    from profkit.analyze.capture import load
 
     cap = load(out)
     assert cap.ranks == [0, 1] and not cap.skipped
@@ -307,7 +307,7 @@ def test_killed_rank_is_marked_and_the_others_stay_complete(tmp_path):
     ranks = {r["rank"]: r for r in m["ranks"]}
     assert "without running Python's exit" in ranks[1]["problems"][0]
     assert ranks[0]["complete"] and ranks[2]["complete"]
-    from profkit.ingest.loader import load
+    from profkit.analyze.capture import load
 
     cap = load(out)
     assert cap.ranks == [0, 1, 2] and not cap.skipped

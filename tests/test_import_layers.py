@@ -42,15 +42,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     # the package's lazy facade: ``profkit.span`` and ``profkit.load`` for users, imported inside
     # ``__getattr__`` so ``import profkit`` stays light inside every rank (by design, not a debt)
     ("profkit", "profkit.instrument"): "facade: profkit.span",
-    ("profkit", "profkit.ingest.loader"): "facade: profkit.load / profkit.Capture (and under TYPE_CHECKING)",
+    ("profkit", "profkit.analyze.capture"): "facade: profkit.load / profkit.Capture (and under TYPE_CHECKING)",
     # debts of issue #15, to be moved down:
     # collective candidates and instances (analyze/collectives.py) need syncpoints' span facts; a
     # package of their own below align is the next move (imported lazily in estimate meanwhile)
     ("profkit.align.estimate", "profkit.analyze.collectives"): "collective candidates live in analyze",
-    # Capture.steps() / .gpu_timeline(): conveniences of the public API (README: ``cap.steps()``),
-    # imported lazily; moving them off Capture changes that API (a decision for the lead)
-    ("profkit.ingest.loader", "profkit.analyze.gpu"): "Capture.gpu_timeline() analyzes",
-    ("profkit.ingest.loader", "profkit.analyze.steps"): "Capture.steps() analyzes",
 }
 
 

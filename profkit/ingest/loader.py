@@ -117,7 +117,9 @@ def rank_from_filename(path: Path) -> int | None:
 
 @dataclass
 class Capture:
-    """Everything loaded: the event table, which part became which rank, and what was skipped."""
+    """Everything loaded: the event table, which part became which rank, and what was skipped.
+    (``profkit.load`` returns ``profkit.analyze.capture.Capture``: this, with a step table and a
+    GPU timeline at hand.)"""
 
     events: pd.DataFrame
     parts: pd.DataFrame  # one row per loaded part: rank, source, path, key, rank_origin, n_events
@@ -136,16 +138,6 @@ class Capture:
     @property
     def ranks(self) -> list[int]:
         return sorted(int(r) for r in self.parts["rank"].unique()) if len(self.parts) else []
-
-    def steps(self, step_pattern: str | None = None) -> pd.DataFrame:
-        from profkit.analyze.steps import step_table
-
-        return step_table(self.events, step_pattern)
-
-    def gpu_timeline(self) -> pd.DataFrame:
-        from profkit.analyze.gpu import gpu_timelines
-
-        return gpu_timelines(self.events)
 
 
 def load(
