@@ -14,7 +14,8 @@ import profkit
 from profkit import schema
 from profkit.align import ANCHOR_ERROR_NS, Alignment, apply_alignment, estimate, estimate_alignment, to_host
 from profkit.align import to_reference
-from profkit.analyze.collectives import CPU_SPAN, KERNEL, match_instances
+from profkit.collectives.instances import match_instances
+from profkit.collectives.sequences import CPU_SPAN, KERNEL
 from profkit.simulate import Inject, simulate
 from tests.conftest import SAMPLE_TRACES
 

@@ -13,14 +13,10 @@ import pytest
 import profkit
 from profkit import schema
 from profkit.align import to_reference
-from profkit.analyze.collectives import (
-    CPU_SPAN,
-    KERNEL,
-    collective_instances,
-    kernel_coll_name,
-    match_instances,
-    match_sequences,
-)
+from profkit.analyze.collectives import collective_instances
+from profkit.collectives.candidates import kernel_coll_name
+from profkit.collectives.instances import match_instances
+from profkit.collectives.sequences import CPU_SPAN, KERNEL, match_sequences
 from profkit.simulate import Inject, simulate
 from tests.conftest import SAMPLE_TRACES
 

@@ -16,7 +16,6 @@ Ground truth, three ways:
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profkit.analyze import intervals as iv
+from profkit import intervals as iv
 
 spans = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=25)
 

@@ -16,7 +16,7 @@ Compared, after mapping the names back (``wait:<name>`` and the like too, then n
 every cause's share of step time within 1 point. On each capture the consistency line is silent.
 
 What holds it: sync points come from collective ops, Gloo worker spans, blocking OS calls and
-aligned ends, not from names; names only add evidence (``profkit.analyze.syncpoints``).
+aligned ends, not from names; names only add evidence (``profkit.collectives.syncpoints``).
 """
 from __future__ import annotations
 

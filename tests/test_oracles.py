@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import profkit
-from profkit.analyze import intervals as iv
+from profkit import intervals as iv
 from profkit.analyze.gpu import gpu_timeline
 from profkit.analyze.steps import step_table
 

@@ -17,7 +17,7 @@ from conftest import SAMPLE_TRACES
 from profkit import schema
 from profkit.analyze import overhead as ov
 from profkit.analyze import overhead_host as host
-from profkit.analyze.overhead_layers import covering, innermost, make_layer, split_at
+from profkit.layers import covering, innermost, make_layer, split_at
 from profkit.analyze.overhead_names import cause_name
 from profkit.analyze.steps import step_table
 from profkit.simulate import Inject, simulate

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from profkit import schema
-from profkit.analyze.gpu import gpu_timeline, is_comm_kernel
+from profkit.analyze.gpu import gpu_timeline
+from profkit.names import is_comm_kernel
 from profkit.analyze.steps import find_step_spans, step_batch_facts, step_table
 
 

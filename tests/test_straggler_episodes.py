@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 
 from conftest import SAMPLE_TRACES
-from profkit.analyze.compare import cause_step_table
 from profkit.analyze.pipeline import analyze
 from profkit.analyze.straggler_episodes import EPISODE_COLUMNS, EPISODE_RANK_COLUMNS, episode_ranks, straggler_episodes
 from profkit.analyze.stragglers import LATENESS_COLUMNS

@@ -20,7 +20,8 @@ from profkit.align import apply_alignment, estimate
 from profkit.analyze import straggler_arrivals as arr_mod
 from profkit.analyze import straggler_phases as ph_mod
 from profkit.analyze import stragglers as st
-from profkit.analyze.collectives import collective_instances, match_instances
+from profkit.analyze.collectives import collective_instances
+from profkit.collectives.instances import match_instances
 from profkit.analyze.steps import step_table
 from profkit.simulate import Inject, simulate
 

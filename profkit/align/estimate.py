@@ -16,7 +16,9 @@ from profkit.align.ranks import (
     solve_ranks,
     without_exit_lag,
 )
-from profkit.align.sequences import CPU_SPAN, KERNEL
+from profkit.collectives.candidates import collective_candidates
+from profkit.collectives.instances import instances_from_candidates
+from profkit.collectives.sequences import CPU_SPAN, KERNEL
 from profkit.align.sources import SOURCE_COLUMNS, apply_source_offsets, source_offsets
 
 
@@ -90,8 +92,6 @@ class RankClockFacts:
 
 def prepare_rank(events: pd.DataFrame) -> RankClockFacts:
     """The map half of ``estimate`` for ONE rank's events: source offsets and collective candidates."""
-    from profkit.analyze.collectives import collective_candidates  # imports align: here, not at the top
-
     rank = int(events["rank"].iloc[0])
     sources, warnings = source_offsets(events)
     candidates = collective_candidates(apply_source_offsets(events, sources))
@@ -108,8 +108,6 @@ def estimate_from_ranks(
     same_clock: bool = False,
 ) -> Alignment:
     """The reduce half of ``estimate``: match every rank's candidates, then solve the clocks."""
-    from profkit.analyze.collectives import instances_from_candidates  # imports align: here, not at the top
-
     prepared = sorted(prepared, key=lambda f: f.rank)
     warnings: list[str] = [w for f in prepared for w in f.warnings]
     frames = [f.sources for f in prepared if len(f.sources)]

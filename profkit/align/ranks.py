@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.align.clock import to_reference
-from profkit.align.robust import LineFit, robust_line
+from profkit.robust import LineFit, robust_line
 
 KERNEL_TIER, CPU_TIER = 0, 1
 TIER_SIGMA_NS = {KERNEL_TIER: 10_000, CPU_TIER: 200_000}  # typical end disagreement (DEP2 H200 captures)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.align.sequences import match_sequences
+from profkit.collectives.sequences import match_sequences
 from profkit.distinct import str_objects
 
 SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP, schema.GC)

@@ -31,7 +31,6 @@ the step-time change per step and per token served, with bootstrap intervals (``
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -9,27 +9,12 @@ event end unless the caller gives one (e.g. a ProfilerStep's GPU annotation).
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
-from profkit import distinct, schema
-from profkit.analyze import intervals as iv
-
-# NCCL/RCCL, DeepEP, vLLM custom all-reduce and symmetric-memory kernels are communication
-COMM_KERNEL_RE = re.compile(
-    r"nccl|rccl|dpsk::ep|deep_ep|deepep|cross_device_reduce|multimem_all_reduce|one_shot_all_reduce"
-    r"|two_shot_all_reduce|all_reduce_kernel|allreduce|alltoall|all_to_all|allgather|reducescatter",
-    re.IGNORECASE,
-)
-
-
-def is_comm_kernel(names: pd.Series) -> np.ndarray:
-    """True for kernels that move data between GPUs (matched on the kernel name; each distinct
-    name is tested once)."""
-    return distinct.contains(names, COMM_KERNEL_RE)
-
+from profkit import intervals as iv
+from profkit import schema
+from profkit.names import is_comm_kernel
 
 def gpu_events(events: pd.DataFrame) -> pd.DataFrame:
     """Device activity rows (kernel, memcpy, memset) of an event table."""

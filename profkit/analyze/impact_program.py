@@ -64,10 +64,10 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.analyze import intervals as iv
+from profkit import intervals as iv
 from profkit.analyze import straggler_phases as ph_mod
-from profkit.analyze.gpu import is_comm_kernel
-from profkit.analyze.overhead_layers import split_at
+from profkit.names import is_comm_kernel
+from profkit.layers import split_at
 from profkit.analyze.vocabulary import HOST_SYNC_WAIT
 
 HOST, GPU = 0, 1

@@ -11,7 +11,7 @@ its tiny kernels included, which is what the launches cost). Each interval is cu
 host-span boundary and each piece goes to the first rule that matches:
 
 1. ``wait:<collective>``: only communication kernels run;
-2. ``wait:<name>``: the host is blocked in a collective (``syncpoints``: from its arrival to its
+2. ``wait:<name>``: the host is blocked in a collective (``collectives.syncpoints``: from its arrival to its
    release at a host-blocking collective such as a Gloo all-reduce, whatever span it sits in;
    a sync span's name is never a cause of time spent waiting in it); then ``gc``: a GC pause in a
    launching process (it holds the GIL);
@@ -47,7 +47,7 @@ import pandas as pd
 
 from profkit.analyze import gpu
 from profkit.analyze import overhead_rank as per_rank
-from profkit.analyze.overhead_layers import innermost, make_layer
+from profkit.layers import innermost, make_layer
 from profkit.analyze.vocabulary import (  # noqa: F401 - the categories and GPU states: read as ov.WAIT etc. too
     BETWEEN_STEPS, CPU_OP, GC, GPU_STATES, HOST_SYNC, LAUNCH_BOUND, NO_HOST, PYTHON, SAMPLE, SELF, SPAN, UNATTRIBUTED,
     WAIT, transfer_cause, waiting_for_rank,
@@ -122,7 +122,7 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
 
     ``where`` is the innermost named span at that moment (context for waits, syncs, ops).
     Adjacent pieces with the same cause in one step are merged into one row.
-    ``sync_waits``: ``syncpoints.wait_intervals`` of the ranks (when the host was blocked in a
+    ``sync_waits``: ``sync_table.wait_intervals`` of the ranks (when the host was blocked in a
     collective); found in ``events`` when None (all ranks given on one clock).
     """
     windows = analysis_windows(events, steps)
@@ -168,14 +168,15 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
 
 
 def sync_wait_intervals(events: pd.DataFrame) -> pd.DataFrame:
-    """``syncpoints.wait_intervals`` of every host-blocking collective in ``events`` (the
+    """``sync_table.wait_intervals`` of every host-blocking collective in ``events`` (the
     cross-rank evidence taken over the ranks given)."""
-    from profkit.analyze import syncpoints
-    from profkit.analyze.collectives import collective_candidates, find_sync_names
+    from profkit.analyze import sync_table
+    from profkit.analyze.collectives import find_sync_names
+    from profkit.collectives.candidates import collective_candidates
 
     if events is None or not len(events):
-        return syncpoints.wait_intervals(None)
-    return syncpoints.wait_intervals(collective_candidates(events, find_sync_names(events)))
+        return sync_table.wait_intervals(None)
+    return sync_table.wait_intervals(collective_candidates(events, find_sync_names(events)))
 
 
 def rank_causes(charged: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -287,10 +288,11 @@ def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:
     """``rank, start_ns, end_ns, last_rank`` per (rank, collective instance) from
     ``profkit.analyze.collectives``; None when the matching fails."""
     from profkit.analyze import collectives  # imports this module's neighbours: here, not at the top
+    from profkit.collectives.instances import match_instances
 
     try:
         inst = collectives.collective_instances(events)
-        matched = collectives.match_instances(inst) if len(inst) else None
+        matched = match_instances(inst) if len(inst) else None
     except Exception as exc:  # noqa: BLE001 - a failed match must not cost the causes table
         warnings.warn(f"collective matching failed, waits stay 'wait:<collective>': {exc!r}", stacklevel=2)
         return None

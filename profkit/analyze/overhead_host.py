@@ -10,19 +10,13 @@ import re
 import numpy as np
 import pandas as pd
 
-from profkit.analyze import intervals as iv
+from profkit import intervals as iv
+from profkit.names import POLL_RE, SYNC_RE
 
 LAUNCH_RE = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchCooperativeKernel|GraphLaunch|ModuleLaunchKernel)", re.I)
 KERNEL_LAUNCH_RE = re.compile(r"^(?:cuda|cu|hip)(?:LaunchKernel|LaunchCooperativeKernel|ModuleLaunchKernel)", re.I)
 COPY_LAUNCH_RE = re.compile(r"^(?:cuda|cu|hip)(?:Memcpy|Memset)", re.I)
 # calls that block the host until the GPU (or a copy) is done
-SYNC_RE = re.compile(
-    r"^(?:cuda|hip)(?:Stream|Device|Event)Synchronize|^cu(?:Stream|Ctx|Event)Synchronize"
-    r"|^(?:cuda|hip)Memcpy(?:2D|3D)?(?:FromSymbol|ToSymbol)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$",
-    re.I,
-)
-POLL_RE = re.compile(r"^(?:cuda|cu|hip)(?:EventQuery|StreamQuery)$", re.I)
-
 POLL_MIN_CALLS = 3  # a busy-polling loop: at least this many queries ...
 POLL_MAX_PERIOD_NS = 500_000  # ... each within this of the previous one ...
 POLL_MIN_SPAN_NS = 50_000  # ... covering at least this long

@@ -13,15 +13,15 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.analyze import gpu
-from profkit.analyze import intervals as iv
+from profkit import intervals as iv
 from profkit.analyze import overhead_host as host
 from profkit.analyze import overhead_names as nm
 from profkit.analyze import vocabulary as vc
-from profkit.analyze.overhead_layers import Layer, codes_at, covering, innermost, make_layer, split_at, starts_at
+from profkit.layers import Layer, codes_at, covering, innermost, make_layer, split_at, starts_at
 from profkit.analyze.vocabulary import (
     BETWEEN_STEPS, CPU_OP, GC, HOST_SYNC, LAUNCH_BOUND, NO_HOST, PYTHON, SAMPLE, SELF, SPAN, UNATTRIBUTED, WAIT,
 )
+from profkit.names import is_comm_kernel
 
 # categories of a charged interval and GPU states (the ``category`` / ``gpu_state`` columns): vocabulary
 CATEGORIES = np.array(vc.CATEGORIES, dtype=object)
@@ -95,7 +95,7 @@ class EventArrays:
         coll_codes, coll_uniques = _factorize(col("coll_name"), missing=-1)
         info = nm.classify_names(uniques, step_names)
         flags = host.runtime_flags(uniques)
-        comm = gpu.is_comm_kernel(pd.Series(uniques, dtype=object))
+        comm = is_comm_kernel(pd.Series(uniques, dtype=object))
         return cls(
             kind=kind_codes,
             name=name_codes,
@@ -163,7 +163,7 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
                    ) -> RankCharges | None:
     """Charge every idle-for-attribution piece of ``rank`` inside the windows [ws, we).
 
-    ``waits``: the rank's sync intervals (``syncpoints.wait_intervals``: arrival to release at
+    ``waits``: the rank's sync intervals (``sync_table.wait_intervals``: arrival to release at
     each host-blocking collective), coded with their ``wait:<name>`` cause ids. ``marker_ends``:
     per window, where its step annotation ended (``steps.iteration_periods``): unnamed idle time
     after it is ``host work between steps``."""

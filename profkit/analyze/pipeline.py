@@ -19,7 +19,6 @@ from profkit.align import Alignment
 from profkit.align.estimate import estimate_from_ranks, one_host
 from profkit.analyze import overhead, stages
 from profkit.analyze.balance import dp_imbalance, ep_balance
-from profkit.analyze.collectives import instances_from_candidates, match_instances
 from profkit.analyze.compare import cause_step_table
 from profkit.analyze.consistency import verdict_consistency
 from profkit.analyze.result import Analysis
@@ -29,7 +28,8 @@ from profkit.analyze.store import MemoryStore
 from profkit.analyze.straggler_episodes import straggler_episodes
 from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
 from profkit.analyze.summary import rank_summary
-from profkit.analyze.syncpoints import sync_point_table
+from profkit.analyze.sync_table import sync_point_table
+from profkit.collectives.instances import instances_from_candidates, match_instances
 from profkit.ingest.loader import Capture
 
 
@@ -199,7 +199,7 @@ def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:
     """Span names that are sync points by cross-rank evidence (blocking OS calls, aligned ends),
     from every rank's small span facts, the samples moved onto the common clock."""
     from profkit.align import apply_alignment
-    from profkit.analyze.syncpoints import decide_sync_names
+    from profkit.collectives.syncpoints import decide_sync_names
 
     facts = [p.span_facts for p in prep if p.span_facts is not None and len(p.span_facts)]
     samples = [p.span_samples for p in prep if p.span_samples is not None and len(p.span_samples)]

@@ -42,7 +42,7 @@ class Analysis:
     # one row per task of the run: stage, rank, worker, wall_s, peak_rss_bytes, events
     run_stats: pd.DataFrame | None = None
     store: object | None = None  # the scale path's store when asked to keep the aligned events
-    # one row per (sync instance, rank): ``syncpoints.SYNC_COLUMNS`` (``OUT/sync_points.csv``)
+    # one row per (sync instance, rank): ``sync_table.SYNC_COLUMNS`` (``OUT/sync_points.csv``)
     sync_points: pd.DataFrame | None = None
     # per (rank, step, phase): own work since the previous sync point (``stragglers.PHASE_STEP_COLUMNS``),
     # the cause time the episodes are judged on

@@ -39,13 +39,14 @@ from profkit.analyze import impact_program
 from profkit.analyze import overhead
 from profkit.analyze import straggler_phases as ph_mod
 from profkit.analyze.balance import step_tokens
-from profkit.analyze.collectives import collective_candidates
 from profkit.analyze.gpu import gpu_timelines
 from profkit.analyze.steps import marker_regex, step_marker_facts, step_table
 from profkit.analyze.straggler_arrivals import trace_windows
 from profkit.analyze.stragglers import WindowPhases, rank_window_phases
-from profkit.analyze.syncpoints import span_facts, wait_intervals
+from profkit.analyze.sync_table import wait_intervals
 from profkit.analyze.window import clip_to_recorded
+from profkit.collectives.candidates import collective_candidates
+from profkit.collectives.syncpoints import span_facts
 from profkit.errors import ScaleError, TraceError
 from profkit.ingest.cache import table_with_rank
 from profkit.analyze.store import arrow_frame_table

@@ -26,7 +26,7 @@ import pandas as pd
 
 from profkit import distinct, schema
 from profkit.analyze import gpu
-from profkit.analyze import intervals as iv
+from profkit import intervals as iv
 from profkit.analyze.window import recorded_window
 
 

@@ -16,7 +16,7 @@ one phase, from the critical-path point of view of its launching threads:
    the GPU left out, so GPU-busy time is named too): ``gc``, the innermost span
    (``Scheduler.schedule``), a step span's self time (``EngineCore.step``), time blocked in a
    host-blocking collective as ``wait:<name>`` (from the rank's arrival to its release,
-   ``syncpoints``: a victim phase whatever span it sits in), ``unattributed (no host activity)``.
+   ``collectives.syncpoints``: a victim phase whatever span it sits in), ``unattributed (no host activity)``.
 
 The GPU timeline gets its own pieces (``gpu_pieces``): compute-busy time named ``gpu:<kernel>``
 after the kernel running, for arrivals the GPU set (a kernel that waited in the stream queue).
@@ -36,13 +36,12 @@ import numpy as np
 import pandas as pd
 
 from profkit import schema
-from profkit.analyze import gpu
-from profkit.analyze import intervals as iv
+from profkit import intervals as iv
 from profkit.analyze import overhead as ov
 from profkit.analyze import overhead_host as host_mod
 from profkit.analyze import vocabulary as vc
-from profkit.analyze.overhead_layers import covering, make_layer, split_at
-from profkit.names import kernel_short_name
+from profkit.layers import covering, make_layer, split_at
+from profkit.names import is_comm_kernel, kernel_short_name
 
 GPU_PREFIX = "gpu:"
 WAIT_PREFIXES = vc.VICTIM_PREFIXES
@@ -99,7 +98,7 @@ def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_G
                     sync_waits: pd.DataFrame | None = None, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Disjoint phase pieces per rank over ``extents`` (``rank, trace_start_ns, trace_end_ns``):
     ``PIECE_COLUMNS``, sorted by rank and start (see the module docstring for the rules).
-    ``sync_waits``: the host-blocking collectives (``syncpoints.wait_intervals``; found in
+    ``sync_waits``: the host-blocking collectives (``sync_table.wait_intervals``; found in
     ``events`` when None): time blocked in one is a wait, a victim phase, whatever span it is in.
     ``steps``: where a step annotation ends before its step does (``steps.iteration_periods``),
     unnamed host time after it is ``host work between steps``, as in ``causes.csv``."""
@@ -139,7 +138,7 @@ class _GpuArrays:
         comm = np.zeros(len(g), bool)
         is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
         if is_k.any():
-            comm[is_k] = gpu.is_comm_kernel(g["name"][is_k]) | g["coll_name"][is_k].notna().to_numpy(dtype=bool)
+            comm[is_k] = is_comm_kernel(g["name"][is_k]) | g["coll_name"][is_k].notna().to_numpy(dtype=bool)
         codes, uniques = pd.factorize(g["name"].astype(str))
         labels = np.array([kernel_label(u) for u in uniques], dtype=object)
         vocab, label_code = np.unique(labels, return_inverse=True) if labels.size else (labels, np.empty(0, np.int64))

@@ -553,7 +553,7 @@ def _waited_for(arrivals: pd.DataFrame, by: list[str]) -> pd.Series:
 def _match(instances: pd.DataFrame) -> pd.DataFrame | None:
     if instances is None or not len(instances):
         return None
-    from profkit.analyze.collectives import match_instances
+    from profkit.collectives.instances import match_instances
 
     return match_instances(instances)
 

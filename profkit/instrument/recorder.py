@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from . import clock, identity
 from .spanfile import SpanFile

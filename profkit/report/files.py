@@ -41,7 +41,7 @@ def write_outputs(analysis, out_dir: str | Path) -> list[Path]:
         written.append(_csv(analysis.lateness, out / "lateness.csv"))
         written.append(_csv(analysis.straggler_instances, out / "straggler_instances.csv"))
     sync_points = getattr(analysis, "sync_points", None)
-    if isinstance(sync_points, pd.DataFrame):  # one row per (sync instance, rank): syncpoints.SYNC_COLUMNS
+    if isinstance(sync_points, pd.DataFrame):  # one row per (sync instance, rank): sync_table.SYNC_COLUMNS
         written.append(_csv(sync_points, out / "sync_points.csv"))
     episodes = getattr(analysis, "straggler_episodes", None)
     if isinstance(episodes, pd.DataFrame):  # one row per episode (straggler_episodes.EPISODE_COLUMNS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profkit.align.robust import theil_sen
+from profkit.robust import theil_sen
 
 KERNEL = "kernel"
 CPU_SPAN = "cpu_span"

@@ -18,7 +18,7 @@ never from its name alone:
   the ``dp_sync`` category: extra evidence, never required.
 
 One instance per host-blocking collective and rank (overlapping members of one process are one
-instance), with (``collectives.INSTANCE_COLUMNS``):
+instance), with (``collectives.instances.INSTANCE_COLUMNS``):
 
 - ``span_start_ns`` / ``span_name``: the sync span (the span recognized, or the innermost span
   enclosing the collective op) on the calling thread;
@@ -35,10 +35,9 @@ instance), with (``collectives.INSTANCE_COLUMNS``):
 across ranks, then ``waiting for rank k`` (k the last arriver) or, on the last arriver itself,
 ``transfer:<name>``: everywhere (charged GPU-idle time, the straggler phases, lateness, episodes).
 
-``sync_point_table`` is the one table per capture that the rest reads (``OUT/sync_points.csv``):
-per (instance, rank) the span start, arrival, release, common exit, the instance's last arriver
-and the evidence. Per-rank facts for the cross-rank evidence (``span_facts``) are small: name
-summaries and a block of span ends per name, reduced by ``decide_sync_names``.
+Per-rank facts for the cross-rank evidence (``span_facts``) are small: name summaries and a block
+of span ends per name, reduced by ``decide_sync_names``. ``profkit.analyze.sync_table`` turns the
+matched instances into the one table per capture the rest reads (``OUT/sync_points.csv``).
 Pure functions over event tables (int64 ns); no file access.
 """
 from __future__ import annotations
@@ -50,6 +49,8 @@ import pandas as pd
 
 from profkit import schema
 from profkit.ingest.collectives import normalize_coll_name
+from profkit.layers import innermost, make_layer
+from profkit.names import POLL_RE, SYNC_RE
 
 # ---- evidence ----------------------------------------------------------------------------------
 COLLECTIVE_OP = "collective_op"
@@ -96,10 +97,6 @@ MIN_SPREAD_SHARE = 0.1  # ... in at least a tenth of the instances (and 3), wher
 # at most a quarter of what the starts do (median over those instances)
 MAX_SAMPLE_RANKS = 16  # ranks compared per name (the lowest one against up to 15 others)
 
-SYNC_COLUMNS = [
-    "instance", "rank", "key", "coll_name", "source_kind", "evidence", "span_name", "span_start_ns", "arrive_ns",
-    "exit_ns", "end_ns", "blocked_ns", "last_rank", "last_arrive_ns", "is_last", "complete", "pid", "tid",
-]
 FACT_COLUMNS = ["rank", "name", "n", "total_ns", "blocked_ns", "with_collective"]
 SAMPLE_COLUMNS = ["rank", "name", "start_ns", "end_ns"]
 
@@ -187,8 +184,6 @@ class _ThreadContext:
         got = self._cache.get(key)
         if got is not None:
             return got
-        from profkit.analyze.overhead_layers import make_layer
-
         a, b = self.bounds.get(key, (0, 0))
         name, start, end = self.name[a:b], self.start[a:b], self.end[a:b]
         act, span, block = self.act[a:b], self.span[a:b], self.block[a:b]
@@ -202,8 +197,6 @@ class _ThreadContext:
 
     def enclosing(self, key: int, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Innermost cpu span on the thread containing each [s, e]: (start, end, name); -1 / None if none."""
-        from profkit.analyze.overhead_layers import innermost
-
         th = self.thread(key)
         layer = th["spans"]
         j = innermost(layer, s)
@@ -435,28 +428,6 @@ def _clusters(m: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-# ---- per rank: the sync intervals (what attribution charges as waiting) ----------------------
-WAIT_INTERVAL_COLUMNS = ["rank", "start_ns", "end_ns", "cause"]
-
-
-def wait_intervals(candidates: pd.DataFrame | None) -> pd.DataFrame:
-    """``[arrive_ns, exit_ns)`` of every host-blocking collective in ``candidates`` (one rank's or
-    several), with its unmatched wait label ``wait:<name>``."""
-    if candidates is None or not len(candidates) or "exit_ns" not in candidates:
-        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"),
-                             "end_ns": pd.Series(dtype="int64"), "cause": pd.Series(dtype=object)})
-    c = candidates[(candidates["source_kind"] == "cpu_span").to_numpy(bool)]
-    from profkit.analyze.overhead_names import cause_name
-    from profkit.analyze.vocabulary import WAIT_PREFIX
-
-    return pd.DataFrame({
-        "rank": c["rank"].to_numpy(np.int64),
-        "start_ns": c["arrive_ns"].to_numpy(np.int64),
-        "end_ns": c["exit_ns"].to_numpy(np.int64),
-        "cause": np.array([WAIT_PREFIX + cause_name(w) for w in c["wait_name"]], dtype=object),
-    })
-
-
 # ---- cross rank: names recognized by blocking calls or aligned ends --------------------------
 def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per rank and span name: instances, time, time in blocking OS calls on its thread, and how
@@ -465,16 +436,16 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     name, 64 per name. Library spans (Gloo, NCCL, ProfilerStep, ...) and ``exclude`` are skipped."""
     spans = events[(events["kind"] == schema.CPU_SPAN).to_numpy(bool) & events["tid"].notna().to_numpy(bool)]
     if not len(spans):
-        return _empty(FACT_COLUMNS), _empty(SAMPLE_COLUMNS)
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
     lib = _name_flags(spans["name"], lambda u: u.str.match(_LIBRARY_RE) | (
         u.str.contains(exclude) if exclude is not None else False))
     spans = spans[~lib]
     if not len(spans):
-        return _empty(FACT_COLUMNS), _empty(SAMPLE_COLUMNS)
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
     counts = spans.groupby(["rank", "name"], observed=True).size()
     spans = spans[spans.set_index(["rank", "name"]).index.map(counts).to_numpy(np.int64) >= MIN_INSTANCES]
     if not len(spans):
-        return _empty(FACT_COLUMNS), _empty(SAMPLE_COLUMNS)
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
     ctx = _ThreadContext(events)
     coll_by_rank, sync_by_thread = _collective_marks(events)
     key = _thread_key(spans)
@@ -517,7 +488,6 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
     is judged by it (the collective's own evidence, or the GPU timeline: a host blocked on its
     GPU while the GPU waits in a collective is charged from the GPU side), never by its ends;
     per rank, since vLLM's engine core waits for its worker process, which holds the collective."""
-    from profkit.analyze.overhead_host import POLL_RE, SYNC_RE
 
     host = events[events["kind"].isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool)]
     if not len(host):
@@ -570,7 +540,7 @@ def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict
 
 def _aligned_ends(g: pd.DataFrame) -> bool:
     """Ends of one name's instances line up across ranks while their starts spread."""
-    from profkit.align.sequences import match_sequences
+    from profkit.collectives.sequences import match_sequences
 
     ranks = sorted(g["rank"].unique())[:MAX_SAMPLE_RANKS]
     if len(ranks) < 2:
@@ -610,53 +580,8 @@ def _aligned_ends(g: pd.DataFrame) -> bool:
     return bool(np.median(end_spread[spread] / start_spread[spread]) <= 1.0 / SPREAD_RATIO)
 
 
-# ---- the table ---------------------------------------------------------------------------------
-def sync_point_table(instances: pd.DataFrame | None, matched: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per (instance, rank) of every sync point (``SYNC_COLUMNS``), on the aligned clock.
-
-    ``instances``: ``collectives.collective_instances`` rows (aligned; incomplete rows kept, with
-    ``complete`` False); the last arriver is the rank with the latest ``arrive_ns`` of the instance.
-    ``blocked_ns`` = ``exit_ns - arrive_ns``: time the rank spent in the collective (its wait, or
-    on the last arriver the transfer itself). This is the table a what-if replay starts from:
-    remove a cause from a rank's work before ``arrive_ns``, recompute each instance's release.
-    """
-    if instances is None or not len(instances):
-        return _empty(SYNC_COLUMNS)
-    df = instances
-    arrive = (df["arrive_ns"] if "arrive_ns" in df else df["start_ns"]).astype("Int64").fillna(
-        df["start_ns"].astype("Int64")).astype("int64")
-    exit_ = (df["exit_ns"] if "exit_ns" in df else df["end_ns"]).astype("Int64").fillna(
-        df["end_ns"].astype("Int64")).astype("int64")
-    span_start = (df["span_start_ns"] if "span_start_ns" in df else df["host_start_ns"]).astype("Int64")
-    out = pd.DataFrame({
-        "instance": df["instance"].astype("int64"), "rank": df["rank"].astype("int64"),
-        "key": df["key"].astype(str), "coll_name": df["coll_name"].astype(object),
-        "source_kind": df["source_kind"].astype(str),
-        "evidence": (df["evidence"] if "evidence" in df else pd.Series(None, index=df.index)).astype(object),
-        "span_name": (df["span_name"] if "span_name" in df else df["name"]).astype(object),
-        "span_start_ns": span_start.fillna(arrive).astype("int64"),
-        "arrive_ns": arrive, "exit_ns": np.maximum(exit_, arrive), "end_ns": df["end_ns"].astype("int64"),
-        "complete": df["complete"].astype(bool) if "complete" in df else True,
-        "pid": df["pid"].astype("Int64"), "tid": df["tid"].astype("Int64"),
-    })
-    kinds = out["source_kind"].to_numpy(dtype=object)
-    out.loc[out["evidence"].isna() & (kinds == "kernel"), "evidence"] = COLLECTIVE_KERNEL
-    out.loc[out["evidence"].isna() & (kinds == "launch_span"), "evidence"] = COLLECTIVE_LAUNCH
-    out["blocked_ns"] = out["exit_ns"] - out["arrive_ns"]
-    srt = out.sort_values(["instance", "arrive_ns", "rank"], ascending=[True, False, True], kind="stable")
-    last = srt.groupby("instance", sort=False).head(1).set_index("instance")
-    out["last_rank"] = out["instance"].map(last["rank"]).astype("int64")
-    out["last_arrive_ns"] = out["instance"].map(last["arrive_ns"]).astype("int64")
-    if matched is not None and len(matched) and "last_rank" in matched:
-        # the straggler analysis' last arriver (same rule: latest start; start = arrival)
-        lr = matched.drop_duplicates("instance").set_index("instance")["last_rank"]
-        got = out["instance"].map(lr)
-        out["last_rank"] = got.fillna(out["last_rank"]).astype("int64")
-    out["is_last"] = out["rank"] == out["last_rank"]
-    return out.sort_values(["instance", "rank"], kind="stable").reset_index(drop=True)[SYNC_COLUMNS]
-
-
-def _empty(columns: list[str]) -> pd.DataFrame:
+def empty_table(columns: list[str]) -> pd.DataFrame:
+    """No rows, ``columns`` typed as the sync tables type them (names text, flags bool, the rest int64)."""
     text = {"key", "coll_name", "source_kind", "evidence", "span_name", "name"}
     out = pd.DataFrame({c: pd.Series(dtype=object if c in text else "int64") for c in columns})
     for c in ("is_last", "complete"):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profkit.analyze import intervals as iv
+from profkit import intervals as iv
 
 NONE = -1
 
