@@ -58,6 +58,14 @@ INT63 = (1 << 63) - 1
 _EMPTY: dict = {}
 _INT_OR_NONE = frozenset((int, type(None)))
 _MISSING = object()
+
+
+def _cached(cache: dict, key: str, compute: Callable[[str], Any]) -> Any:
+    """``compute(key)`` once per distinct key (names and dtypes repeat on every collective row)."""
+    got = cache.get(key, _MISSING)
+    if got is _MISSING:
+        got = cache[key] = compute(key)
+    return got
 _NCCL_PREFIXES = ("nccl", "rccl")
 # branches of the hot loop (compared by identity)
 _HOST, _RUNTIME, _GPU, _FRAME = "host", "runtime", "gpu", "frame"
@@ -362,9 +370,7 @@ class EventColumns:
         string values are looked up once per distinct string: record_param_comms rows are many)."""
         raw = a.collective_name
         if type(raw) is str:
-            name = self._coll_names.get(raw, _MISSING)
-            if name is _MISSING:
-                name = self._coll_names[raw] = normalize_coll_name(raw)
+            name = _cached(self._coll_names, raw, normalize_coll_name)
         else:
             name = normalize_coll_name(raw)
         group = a.group
@@ -380,9 +386,7 @@ class EventColumns:
             nelems = as_int(nelems)
         dtype = a.dtype
         if type(dtype) is str:
-            size = self._dtype_sizes.get(dtype, _MISSING)
-            if size is _MISSING:
-                size = self._dtype_sizes[dtype] = dtype_bytes(dtype)
+            size = _cached(self._dtype_sizes, dtype, dtype_bytes)
         else:
             size = None
         if name is None and kind == S.KERNEL and isinstance(event_name, str):

@@ -429,17 +429,8 @@ class Timeline:
                     break
                 # the all-to-all: starts when this rank's GPU and launch are ready, ends for all at once
                 arrive = np.maximum(ls[:, j, b] + lat[:, j, b], gpu)
-                if computing:
-                    coupling.coll_end_ns[s, seg] = arrive.max() + coupling.xfer_ns[s, seg]
-                elif (arrive > coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg]).any():
-                    raise AssertionError(f"step {s} collective {seg}: arrival after the coupled end")
-                gs[:, j, b] = arrive
-                ge[:, j, b] = coupling.coll_end_ns[s, seg]
-                w = coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
-                wait_ns[:, j] += w
-                xfer_ns[:, j] += coupling.xfer_ns[s, seg]
-                xfer_last[:, j] += np.where(w == 0, coupling.xfer_ns[s, seg], 0)
-                gpu = ge[:, j, b].copy()
+                gpu = _all_to_all(coupling, s, seg, arrive, computing, (j, b), (gs, ge, wait_ns, xfer_ns, xfer_last),
+                                  check=True)
                 # host_sync: an extra stream sync after this combine, M ms beyond the GPU drain
                 hit = (hs_coll == seg) & (hs_ns[:, j] > 0)
                 if hit.any():
@@ -535,15 +526,7 @@ class Timeline:
                 if b > fwd_last:
                     break
                 arrive = np.maximum(ls[:, j, b] + lat[:, j, b], gpu)
-                if computing:
-                    coupling.coll_end_ns[s, seg] = arrive.max() + coupling.xfer_ns[s, seg]
-                gs[:, j, b] = arrive
-                ge[:, j, b] = coupling.coll_end_ns[s, seg]
-                w = coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
-                wait_ns[:, j] += w
-                xfer_ns[:, j] += coupling.xfer_ns[s, seg]
-                xfer_last[:, j] += np.where(w == 0, coupling.xfer_ns[s, seg], 0)
-                gpu = ge[:, j, b].copy()
+                gpu = _all_to_all(coupling, s, seg, arrive, computing, (j, b), (gs, ge, wait_ns, xfer_ns, xfer_last))
                 seg_start = b + 1
             sp["ss_b"][:, j] = le[:, j, fwd_last] + SYNC_PRE_NS
             sp["ss_e"][:, j] = np.maximum(sp["ss_b"][:, j] + SYNC_MIN_NS, ge[:, j, fwd_last] + SYNC_POST_NS)
@@ -561,6 +544,28 @@ class Timeline:
             n_prefill=n_prefill, prefill_tokens=prefill_tokens,
         )
         return res, c_next, gpu
+
+
+
+def _all_to_all(coupling, s: int, seg: int, arrive: np.ndarray, computing: bool, at: tuple[int, int],
+                out: tuple[np.ndarray, ...], check: bool = False) -> np.ndarray:
+    """The all-to-all of step ``s``, segment ``seg`` (kernel ``b`` of step ``j``, ``at``): it starts
+    on each rank at its arrival and ends for all at once, the last arrival plus the transfer (set
+    by the run that computes the coupling; ``check``: a coupled run never arrives later). Writes
+    its GPU span, each rank's wait and transfer into ``out``; returns when each GPU is free."""
+    gs, ge, wait_ns, xfer_ns, xfer_last = out
+    j, b = at
+    if computing:
+        coupling.coll_end_ns[s, seg] = arrive.max() + coupling.xfer_ns[s, seg]
+    elif check and (arrive > coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg]).any():
+        raise AssertionError(f"step {s} collective {seg}: arrival after the coupled end")
+    gs[:, j, b] = arrive
+    ge[:, j, b] = coupling.coll_end_ns[s, seg]
+    w = coupling.coll_end_ns[s, seg] - coupling.xfer_ns[s, seg] - arrive
+    wait_ns[:, j] += w
+    xfer_ns[:, j] += coupling.xfer_ns[s, seg]
+    xfer_last[:, j] += np.where(w == 0, coupling.xfer_ns[s, seg], 0)
+    return ge[:, j, b].copy()
 
 
 def _serial_gpu(ready: np.ndarray, dur: np.ndarray, gpu_free: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
