@@ -11,7 +11,7 @@ What counts as a collective (whatever the trace has):
   end = the common exit. ``launch_ns`` is the CUDA launch call (joined by correlation), and the
   host span around that call (``record_param_comms``, ``nccl:*``, an NCCL NVTX range) gives
   ``host_start_ns``/``host_end_ns`` and the group / sequence number the kernel may lack.
-- ``cpu_span``: a host-blocking collective, found from evidence by ``profkit.analyze.syncpoints``
+- ``cpu_span``: a host-blocking collective, found from evidence by ``profkit.collectives.syncpoints``
   (a collective op of a group that runs no GPU kernel, e.g. Gloo's ``c10d::allreduce_``, with
   its Gloo worker span; a span where blocking OS calls or aligned ends across ranks show a sync;
   DP-sync hook names only as extra evidence). Overlapping members of one process are one
