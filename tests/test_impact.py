@@ -401,13 +401,20 @@ def engine_pairs(tmp_path_factory) -> dict[str, list]:
     return out
 
 
-def mean_step_ns(analysis) -> float:
-    return float(analysis.steps.groupby("step")["step_ns"].mean().mean())
+def step_means_ns(analysis) -> pd.Series:
+    return analysis.steps.groupby("step")["step_ns"].mean()
 
 
 def test_engine_on_cpu_impact_matches_the_run_without_the_fault(engine_pairs):
-    true = np.mean([mean_step_ns(a) for a in engine_pairs["faulted"]]) - np.mean(
-        [mean_step_ns(a) for a in engine_pairs["clean"]])
+    # the true cost per step: faulted minus clean, step by step. Step 0 carries no fault (the
+    # injection starts at step 1), so its true cost is 0 by construction; its measured difference is
+    # warm-up noise alone (first steps of 17-168 ms against 5-15 ms after, measured on this 2-core
+    # VM) and once made the "truth" 25.5 ms against the injected 30 ms: it is set to 0, not measured
+    faulted = pd.concat([step_means_ns(a) for a in engine_pairs["faulted"]], axis=1).mean(axis=1)
+    clean = pd.concat([step_means_ns(a) for a in engine_pairs["clean"]], axis=1).mean(axis=1)
+    diff = (faulted - clean).dropna()
+    diff.loc[diff.index == 0] = 0.0
+    true = float(diff.mean())
     preds = []
     for a in engine_pairs["faulted"]:
         t = a.impact.table.set_index("cause")
