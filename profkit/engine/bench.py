@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from .annotate import Spans
 from .config import SPAN_EXECUTE, EngineConfig
+from .core import Profiling, _build_worker, _freeze_gc, _setup_process, _write_info, timings_path
 from .faults import FaultRuntime
 from .scheduler import SchedulerOutput
 from .truth import read_timings
@@ -50,8 +51,6 @@ def batch_of(rec: dict, step: int, vocab: int, rng: random.Random) -> SchedulerO
 
 
 def bench_main(rank: int, cfg: EngineConfig) -> None:
-    from .core import Profiling, _build_worker, _freeze_gc, _setup_process, _write_info, timings_path
-
     device = _setup_process(cfg, rank)
     _freeze_gc()
     spans = Spans(use_nvtx=cfg.device == "cuda")

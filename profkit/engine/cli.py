@@ -139,10 +139,12 @@ def launch(cfg: EngineConfig, timeout_s: float) -> tuple[int, str]:
     """Spawn the ranks and wait; returns (exit status, message). A failing rank stops the others."""
     import torch.multiprocessing as mp  # torch only from here on
 
+    from .bench import bench_main
     from .core import MULTI_GPU_ENV, rank_main
 
     os.environ.update(MULTI_GPU_ENV)  # inherited by spawned ranks (and set again inside them)
-    ctx = mp.spawn(rank_main, args=(cfg,), nprocs=cfg.ranks, join=False)
+    entry = bench_main if cfg.bench_forward else rank_main  # serving, or the exact batches of a serving run
+    ctx = mp.spawn(entry, args=(cfg,), nprocs=cfg.ranks, join=False)
     deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=1.0):

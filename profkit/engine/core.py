@@ -316,11 +316,8 @@ def _write_info(cfg: EngineConfig, rank: int, device: torch.device, faults: Faul
 
 
 def rank_main(rank: int, cfg: EngineConfig) -> None:
-    """Entry of one DP rank's engine process (``torch.multiprocessing.spawn`` target)."""
-    if cfg.bench_forward:
-        from .bench import bench_main
-
-        return bench_main(rank, cfg)
+    """Entry of one DP rank's serving process (``torch.multiprocessing.spawn`` target; the
+    ``--bench-forward`` run's is ``bench.bench_main``)."""
     device = _setup_process(cfg, rank, use_device=not cfg.split_procs)
     _freeze_gc()
     spans = Spans(use_nvtx=cfg.device == "cuda")  # NVTX needs no CUDA context
