@@ -154,7 +154,7 @@ def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
         "n_participants": first["n_participants"],
         "n_present": g["rank"].size(),
         "complete": first["complete"],
-        "ranks": g["rank"].agg(lambda r: tuple(sorted(int(x) for x in r))),
+        "ranks": _rank_tuples(df, first.index),
         "first_start_ns": first["start_ns"].astype("int64"),
         "first_rank": first["rank"].astype("int64"),
         "last_start_ns": last["start_ns"].astype("int64"),
@@ -166,6 +166,20 @@ def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
     out["end_spread_ns"] = out["last_end_ns"] - out["first_end_ns"]
     out = out.reset_index()
     return out[MATCH_COLUMNS]
+
+
+def _rank_tuples(df: pd.DataFrame, instances: pd.Index) -> pd.Series:
+    """Per instance (``instances``: every instance of ``df``, ascending), its ranks as a sorted tuple
+    of ints; built from one sort, not a Python function per group (there are tens of thousands)."""
+    inst = df["instance"].to_numpy(np.int64)
+    rank = df["rank"].to_numpy(np.int64)
+    order = np.lexsort((rank, inst))
+    inst, ranks = inst[order], rank[order].tolist()
+    bounds = np.flatnonzero(np.r_[True, inst[1:] != inst[:-1], True]).tolist()
+    tuples = [tuple(ranks[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    if len(tuples) != len(instances):
+        raise ValueError("instances and their rows disagree")
+    return pd.Series(tuples, index=instances, dtype=object)
 
 
 # ---- candidates -------------------------------------------------------------------------------
@@ -248,10 +262,10 @@ def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> p
 
 def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
     is_kernel = (events["kind"] == schema.KERNEL).to_numpy(dtype=bool)
-    comm = np.zeros(len(events), dtype=bool)
-    idx = np.flatnonzero(is_kernel)
-    names = events["name"].iloc[idx]
-    comm[idx] = events["coll_name"].iloc[idx].notna().to_numpy(dtype=bool) | is_comm_kernel(names)
+    # ``is_comm_kernel`` of each distinct name once, on the whole column (codes, no rows taken)
+    codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
+    comm_u = np.r_[is_comm_kernel(pd.Series(uniques)), False]
+    comm = is_kernel & (comm_u[np.asarray(codes, np.int64)] | events["coll_name"].notna().to_numpy(dtype=bool))
     k = _take(events, comm, _KERNEL_COLUMNS)
     names = k["name"].astype(str)
     derived = names.map({n: kernel_coll_name(n) for n in names.unique()})
