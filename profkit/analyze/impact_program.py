@@ -123,10 +123,13 @@ def gpu_ops(events: pd.DataFrame) -> pd.DataFrame:
     if events is None or not len(events):
         return _empty_ops()
     kinds = events["kind"]
-    g = events[kinds.isin(schema.GPU_KINDS).to_numpy(dtype=bool)]
+    # only the columns read below: filtering every Arrow column of the rank's events costs more
+    g = events.loc[kinds.isin(schema.GPU_KINDS).to_numpy(dtype=bool),
+                   ["kind", "name", "coll_name", "pid", "correlation", "start_ns", "end_ns"]]
     if not len(g):
         return _empty_ops()
-    rt = events[(kinds == schema.RUNTIME).to_numpy(dtype=bool) & events["correlation"].notna().to_numpy(dtype=bool)]
+    rt = events.loc[(kinds == schema.RUNTIME).to_numpy(dtype=bool) & events["correlation"].notna().to_numpy(dtype=bool),
+                    ["pid", "correlation", "start_ns"]]
     launch = np.full(len(g), NO_LAUNCH, np.int64)
     corr = g["correlation"]
     has = corr.notna().to_numpy(dtype=bool)
@@ -145,8 +148,10 @@ def gpu_ops(events: pd.DataFrame) -> pd.DataFrame:
         launch = got.fillna(NO_LAUNCH).to_numpy(np.int64)
     comm = np.zeros(len(g), bool)
     is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
-    if is_k.any():
-        comm[is_k] = is_comm_kernel(g["name"][is_k]) | g["coll_name"][is_k].notna().to_numpy(dtype=bool)
+    if is_k.any():  # ``is_comm_kernel`` of each distinct name once
+        codes, uniques = pd.factorize(g["name"], use_na_sentinel=True)
+        comm_u = np.r_[is_comm_kernel(pd.Series(uniques)), False]
+        comm[is_k] = comm_u[np.asarray(codes, np.int64)[is_k]] | g["coll_name"].notna().to_numpy(dtype=bool)[is_k]
     out = pd.DataFrame({"start_ns": g["start_ns"].to_numpy(np.int64), "end_ns": g["end_ns"].to_numpy(np.int64),
                         "launch_ns": launch, "comm": comm})
     return out.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
@@ -335,7 +340,9 @@ class _Builder:
         if not n or not ok.any():
             return busy, anchor_t, anchor_slack, anchor_s
         s, launch = s[ok], launch[ok]
-        gated = np.isin(s, busy_iv[0])  # the GPU was idle until this op started: it waited for the launch
+        # the GPU was idle until this op started (a busy block starts there): it waited for the launch
+        at = np.minimum(np.searchsorted(busy_iv[0], s), busy_iv[0].size - 1)  # block starts: sorted, distinct
+        gated = busy_iv[0][at] == s
         lat = s - launch
         lat_min = max(int(np.quantile(lat[gated], 0.05)) if gated.any() else int(lat.min()), 0)
         lat = np.where(gated, lat, np.minimum(lat, lat_min))
@@ -368,78 +375,91 @@ class _Builder:
         time = np.asarray(self.time, np.int64)
         # GPU lane order, then anchors for its arrivals and GPU-done points
         gpu_idx = np.flatnonzero((lane == GPU) | (kind == START))
-        gpu_idx = gpu_idx[np.lexsort(([_GPU_TIE[k] for k in kind[gpu_idx]], time[gpu_idx]))]
+        gpu_idx = gpu_idx[np.lexsort((_tie(_GPU_TIE, kind[gpu_idx]), time[gpu_idx]))]
         gpu_prev = np.r_[-1, gpu_idx[:-1]]
         need = np.isin(kind[gpu_idx], (ARRIVE, GPU_DONE))
         pts, prevs = gpu_idx[need], gpu_prev[need]
         busy, a_t, a_slack, a_s = self._anchors(ops, pts, time[prevs])
-        anchor_of: dict[int, list[tuple[int, int, int, int]]] = {}  # point -> (anchor, slack, op start, which)
-        for p, t_a, sl, st_a in zip(pts, a_t, a_slack, a_s):
-            for k in range(2):
-                if t_a[k] != NO_LAUNCH:
-                    a = self.add(HOST, ANCHOR, int(min(t_a[k], time[p])))
-                    anchor_of.setdefault(int(p), []).append((a, int(sl[k]), int(st_a[k]), k))
+        # anchor points, in the order of (point, which): ids after the points already there
+        has_a = a_t != NO_LAUNCH  # (n, 2)
+        a_pt, a_k = np.nonzero(has_a)  # row-major: per point, which 0 before 1
+        a_time = np.maximum(np.minimum(a_t[a_pt, a_k], time[pts[a_pt]]), self.t0)
+        a_id = len(self.kind) + np.arange(a_pt.size, dtype=np.int64)
+        self.lane += [HOST] * a_pt.size
+        self.kind += [ANCHOR] * a_pt.size
+        self.time += a_time.tolist()
+        self.instance += [-1] * a_pt.size
+        self.step += [-1] * a_pt.size
         lane = np.asarray(self.lane, np.int64)
         kind = np.asarray(self.kind, np.int64)
         time = np.asarray(self.time, np.int64)
+        n = kind.size
         host_idx = np.flatnonzero((lane == HOST) & (kind != START))
-        host_idx = np.r_[0, host_idx[np.lexsort(([_HOST_TIE[k] for k in kind[host_idx]], time[host_idx]))]]
-        host_prev = dict(zip(host_idx[1:].tolist(), host_idx[:-1].tolist()))
-        gprev = dict(zip(gpu_idx[1:].tolist(), gpu_idx[:-1].tolist()))
-        gbusy = dict(zip(pts.tolist(), busy.tolist()))
+        host_idx = np.r_[0, host_idx[np.lexsort((_tie(_HOST_TIE, kind[host_idx]), time[host_idx]))]]
 
-        # incoming edges per point (old ids): (src, kind, slack, lane of work or -1, anchor op start, which)
-        ins: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
-        for p in range(1, len(kind)):
-            k, ln = int(kind[p]), int(lane[p])
-            if k == EXIT:
-                ins[p] = [(NO_SRC, SYNC, 0, -1, -1, -1)]
-                continue
-            if ln == HOST:
-                src = host_prev[p]
-                wait = self.resume_of.get(p)
-                slack = min(wait[1], int(time[p] - time[src])) if wait else 0
-                ins[p] = [(src, LANE, max(slack, 0), HOST, -1, -1)]
-                if wait:
-                    ins[p].append((wait[0], CROSS, max(wait[2], 0), -1, -1, -1))
-            else:
-                src = gprev[p]
-                idle = max(int(time[p] - time[src]) - int(gbusy.get(p, 0)), 0)
-                ins[p] = [(src, LANE, idle, GPU, -1, -1)]
-                for a, sl, op_start, k in anchor_of.get(p, ()):
-                    ins[p].append((a, CROSS, sl, -1, op_start, k))
-        order = self._order(kind, lane, time, ins, host_idx, gpu_idx)
-        new_id = np.empty(len(kind), np.int64)
-        new_id[order] = np.arange(len(order))
+        # incoming edges per point (old ids), as up to three slots per point: (src, kind, slack,
+        # lane of work or -1, anchor op start, which). Slot 0: the lane edge (a SYNC edge from the
+        # instance's completion for an exit); slot 1: a resume's cross edge from its GPU-done
+        # point, or an anchor (which 0); slot 2: an anchor (which 1).
+        e_src = np.full((n, 3), NO_SRC, np.int64)
+        e_kind = np.full((n, 3), -1, np.int64)
+        e_slack = np.zeros((n, 3), np.int64)
+        e_lane = np.full((n, 3), -1, np.int64)
+        e_from = np.full((n, 3), -1, np.int64)
+        e_which = np.full((n, 3), -1, np.int64)
+        prev = np.full(n, NO_SRC, np.int64)
+        prev[host_idx[1:]] = host_idx[:-1]
+        prev[gpu_idx[1:]] = gpu_idx[:-1]
+        busy_at = np.zeros(n, np.int64)
+        busy_at[pts] = busy
+        res = np.fromiter(self.resume_of.keys(), np.int64, len(self.resume_of))
+        res_vals = np.array(list(self.resume_of.values()), np.int64).reshape(-1, 3)
+        is_exit = kind == EXIT
+        is_host = (lane == HOST) & ~is_exit
+        is_host[0] = False
+        is_gpu = (lane != HOST) & ~is_exit
+        is_gpu[0] = False
+        e_kind[1:, 0] = np.where(is_exit[1:], SYNC, LANE)
+        gap = time - time[np.maximum(prev, 0)]
+        e_src[is_host | is_gpu, 0] = prev[is_host | is_gpu]
+        e_lane[is_host, 0] = HOST
+        e_lane[is_gpu, 0] = GPU
+        e_slack[is_gpu, 0] = np.maximum(gap - busy_at, 0)[is_gpu]
+        if res.size:  # a resume: its lane slack is what the host waited (at most the gap), and a cross edge
+            e_slack[res, 0] = np.maximum(np.minimum(res_vals[:, 1], gap[res]), 0)
+            e_src[res, 1], e_kind[res, 1], e_slack[res, 1] = res_vals[:, 0], CROSS, np.maximum(res_vals[:, 2], 0)
+        slot = np.where((a_k == 1) & has_a[a_pt, 0], 2, 1)  # anchor 1 follows anchor 0 when both are there
+        a_dst = pts[a_pt]
+        e_src[a_dst, slot], e_kind[a_dst, slot] = a_id, CROSS
+        e_slack[a_dst, slot] = a_slack[a_pt, a_k]
+        e_from[a_dst, slot], e_which[a_dst, slot] = a_s[a_pt, a_k], a_k
+        alive = e_kind >= 0
+        alive[0] = False
+        order = self._order(n, time, e_src, e_kind, alive, host_idx, gpu_idx)
+        new_id = np.empty(n, np.int64)
+        new_id[order] = np.arange(n)
         # normalize: the smallest slack into each point is 0 (the baseline reproduces observed times)
-        residual = 0
-        e_dst, e_src, e_kind, e_slack, e_lane, e_from, e_which = [], [], [], [], [], [], []
-        for p in order[1:]:
-            edges = ins[int(p)]
-            m = min(e[2] for e in edges)
-            residual += m
-            for src, ek, sl, wl, op_start, k in edges:
-                e_dst.append(new_id[p])
-                e_src.append(new_id[src] if src != NO_SRC else NO_SRC)
-                e_kind.append(ek)
-                e_slack.append(sl - m)
-                e_lane.append(wl)
-                e_from.append(op_start)
-                e_which.append(k)
-        n_e = len(e_dst)
+        slack_or_max = np.where(alive, e_slack, np.iinfo(np.int64).max)
+        m = slack_or_max.min(axis=1)
+        residual = int(m[order[1:]].sum())
+        q_pt, q_slot = np.nonzero(alive[order])  # edges in evaluation order of their points, slots in order
+        q_old = order[q_pt]
+        n_e = q_pt.size
+        src_old = e_src[q_old, q_slot]
         edges = pd.DataFrame({"rank": np.full(n_e, self.rank, np.int64), "edge": np.arange(n_e, dtype=np.int64),
-                              "dst": np.asarray(e_dst, np.int64), "src": np.asarray(e_src, np.int64),
-                              "kind": np.asarray(e_kind, np.int64), "slack_ns": np.asarray(e_slack, np.int64)})
+                              "dst": q_pt.astype(np.int64),
+                              "src": np.where(src_old != NO_SRC, new_id[np.maximum(src_old, 0)], NO_SRC),
+                              "kind": e_kind[q_old, q_slot], "slack_ns": e_slack[q_old, q_slot] - m[q_old]})
         nodes = pd.DataFrame({"rank": np.full(len(order), self.rank, np.int64),
                               "node": np.arange(len(order), dtype=np.int64),
                               "time_ns": time[order], "lane": lane[order], "kind": kind[order],
                               "instance": np.asarray(self.instance, np.int64)[order],
                               "step": np.asarray(self.step, np.int64)[order]})
-        e_lane = np.asarray(e_lane, np.int64)
-        anchor_ops = (np.asarray(e_from, np.int64), np.asarray(e_which, np.int64))
-        work = self._work(nodes, edges, e_lane, anchor_ops, h_s, h_e, h_ph, h_cat, gp, st)
+        anchor_ops = (e_from[q_old, q_slot], e_which[q_old, q_slot])
+        work = self._work(nodes, edges, e_lane[q_old, q_slot], anchor_ops, h_s, h_e, h_ph, h_cat, gp, st)
         if self.sync_phase:  # the waits of named syncs: gone when the sync is removed
-            cross_into = {int(d): i for i, (d, k) in enumerate(zip(e_dst, e_kind)) if k == CROSS}
+            cross = np.flatnonzero(edges["kind"].to_numpy(np.int64) == CROSS)
+            cross_into = dict(zip(q_pt[cross].tolist(), cross.tolist()))  # the last edge into each point
             rows = []
             for p, name in self.sync_phase.items():
                 e = cross_into.get(int(new_id[p]))
@@ -454,41 +474,55 @@ class _Builder:
         return RankProgram(self.rank, _compact(nodes, NODE_DTYPES), _compact(edges, EDGE_DTYPES),
                            _compact(work, WORK_DTYPES), int(residual), tuple(self.notes))
 
-    def _order(self, kind, lane, time, ins, host_idx, gpu_idx) -> np.ndarray:
+    def _order(self, n, time, e_src, e_kind, alive, host_idx, gpu_idx) -> np.ndarray:
         """Merge the two lanes into one evaluation order in which every source comes first
-        (by time; a point whose cross-lane source is not yet placed waits for it)."""
+        (by time; a point whose cross-lane source is not yet placed waits for it). ``alive``:
+        the edge slots in use (a cross edge dropped here is marked dead in it)."""
         hl = host_idx.tolist()
         gl = gpu_idx[1:].tolist()  # START is host_idx[0]
-        placed = np.zeros(len(kind), bool)
+        time = time.tolist()
+        # a lane edge's source is the lane's previous point, always placed first: only cross
+        # edges can hold a point back (point -> [(slot, source)])
+        cross: dict[int, list[tuple[int, int]]] = {}
+        for p, k in zip(*(a.tolist() for a in np.nonzero(alive & (e_kind == CROSS)))):
+            cross.setdefault(p, []).append((k, int(e_src[p, k])))
+        placed = [False] * n
         out = [0]
         placed[0] = True
-        i = j = 0
 
         def ready(p: int) -> bool:
-            return all(e[0] == NO_SRC or placed[e[0]] for e in ins[p])
+            for _, src in cross.get(p, ()):
+                if not placed[src]:
+                    return False
+            return True
 
-        i = 1
+        i, j, n_h, n_g = 1, 0, len(hl), len(gl)
         forced = 0
-        while i < len(hl) or j < len(gl):
-            cand = []
-            if i < len(hl) and ready(hl[i]):
-                cand.append((time[hl[i]], 0, hl[i]))
-            if j < len(gl) and ready(gl[j]):
-                cand.append((time[gl[j]], 1, gl[j]))
-            if not cand:  # clocks disagree about an instant: drop the cross edge of the earlier head
-                heads = [(time[hl[i]], 0, hl[i])] if i < len(hl) else []
-                heads += [(time[gl[j]], 1, gl[j])] if j < len(gl) else []
-                _, _, p = min(heads)
-                ins[p] = [e for e in ins[p] if e[1] != CROSS or placed[e[0]]]
-                forced += 1
-                continue
-            _, which, p = min(cand)
-            out.append(p)
-            placed[p] = True
-            if which == 0:
+        while i < n_h or j < n_g:
+            hp = hl[i] if i < n_h else -1
+            gp = gl[j] if j < n_g else -1
+            h_ok = hp >= 0 and (hp not in cross or ready(hp))
+            g_ok = gp >= 0 and (gp not in cross or ready(gp))
+            if h_ok and (not g_ok or time[hp] <= time[gp]):  # the earlier head; the host's at equal times
+                out.append(hp)
+                placed[hp] = True
                 i += 1
-            else:
+            elif g_ok:
+                out.append(gp)
+                placed[gp] = True
                 j += 1
+            else:  # clocks disagree about an instant: drop the cross edge of the earlier head
+                heads = [(time[hp], 0, hp)] if hp >= 0 else []
+                heads += [(time[gp], 1, gp)] if gp >= 0 else []
+                _, _, p = min(heads)
+                keep = []
+                for k, src in cross.get(p, ()):
+                    if placed[src]:
+                        keep.append((k, src))
+                    else:
+                        alive[p, k] = False
+                cross[p] = keep
+                forced += 1
         if forced:
             self.notes.append(f"rank {self.rank}: {forced} cross-lane edge(s) dropped where clocks disagreed")
         return np.asarray(out, np.int64)
@@ -556,13 +590,24 @@ def _window_sums(ps, pe, ph, ws, we, wid) -> tuple[np.ndarray, np.ndarray, np.nd
     return wid[uniq // k], np.asarray(names, dtype=object)[uniq % k], ns
 
 
+def _tie(order: dict[int, int], kinds: np.ndarray) -> np.ndarray:
+    """Each point kind's tie-break rank (``_HOST_TIE`` / ``_GPU_TIE``), looked up per kind."""
+    lookup = np.full(max(order) + 1, -1, np.int64)
+    lookup[list(order)] = list(order.values())
+    return lookup[kinds]
+
+
 def _wait_mask(ph: np.ndarray, cat: np.ndarray) -> np.ndarray:
     """``is_wait`` of each piece, decided once per distinct (phase, category)."""
     if not ph.size:
         return np.zeros(0, bool)
-    codes, uniq = pd.factorize(pd.Series(ph.astype(str)) + "\x00" + pd.Series(cat.astype(str)))
-    flags = np.array([is_wait(*u.split("\x00", 1)) for u in uniq], bool)
-    return flags[codes]
+    # decided per distinct (phase, category) pair: the two codes combined into one
+    pc, pu = pd.factorize(ph.astype(str))
+    cc, cu = pd.factorize(cat.astype(str))
+    k = max(len(cu), 1)
+    pairs, inverse = np.unique(np.asarray(pc, np.int64) * k + np.asarray(cc, np.int64), return_inverse=True)
+    flags = np.array([is_wait(str(pu[v // k]), str(cu[v % k])) for v in pairs.tolist()], bool)
+    return flags[inverse.reshape(-1)]
 
 
 def _pieces_arrays(p: pd.DataFrame) -> tuple[np.ndarray, ...]:

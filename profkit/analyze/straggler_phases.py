@@ -51,6 +51,10 @@ WINDOW_COLUMNS = ["window", "rank", "start_ns", "end_ns"]
 BLOCKING_COPY_NS = 50_000  # a copy call this long blocked the host (async copies return in ~10 us)
 PHASE_COLUMNS = ["window", "rank", "phase", "category", "ns"]
 EXCESS_COLUMNS = ["window", "rank", "phase", "category", "ns", "peer_ns", "excess_ns"]
+# the columns each step reads: a rank's events are ~16 Arrow columns, and filtering rows of all
+# of them (one Arrow take per column) costs more than the analysis of the rows kept
+_GPU_COLUMNS = ("rank", "kind", "name", "coll_name", "correlation", "start_ns", "end_ns")
+_HOST_COLUMNS = ("rank", "kind", "name", "coll_name", "correlation", "start_ns", "end_ns", "pid", "tid")
 
 
 def is_victim_phase(phase: str, category: str | None = None) -> bool:
@@ -70,8 +74,20 @@ def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame, sync_waits: pd.
     if events is None or not len(events) or not len(extents):
         return _empty_pieces(), _empty_pieces()
     is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
-    g = _GpuArrays.build(events[is_gpu])
+    g = _GpuArrays.build(_rows(events, is_gpu, _GPU_COLUMNS))
     return labelled_pieces(events, extents, g, sync_waits, steps), gpu_pieces(g)
+
+
+def _rows(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The rows of ``mask``, only ``columns`` (those present)."""
+    return events.loc[mask, [c for c in columns if c in events.columns]]
+
+
+def _match_flags(names: pd.Series, regex) -> np.ndarray:
+    """``regex.match`` of each name (False for a missing one), tested once per distinct name."""
+    codes, uniques = pd.factorize(names, use_na_sentinel=True)
+    flags = np.array([bool(regex.match(str(u))) for u in uniques] + [False], dtype=bool)
+    return flags[np.asarray(codes, np.int64)]
 
 
 def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
@@ -108,8 +124,8 @@ def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_G
     is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
     if sync_waits is None:
         sync_waits = ov.sync_wait_intervals(events)  # from all events: GPU collectives are not host-blocking
-    host = ov.attribute_gaps(events[~is_gpu], windows, sync_waits)  # every host instant, GPU left out
-    gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(events[is_gpu])
+    host = ov.attribute_gaps(_rows(events, ~is_gpu, _HOST_COLUMNS), windows, sync_waits)  # GPU left out
+    gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(_rows(events, is_gpu, _GPU_COLUMNS))
     runs = _launch_runs(events, gpu_ev)
     copies = _blocking_copies(events)
     parts = []
@@ -137,8 +153,10 @@ class _GpuArrays:
         order = np.argsort(rank, kind="stable")
         comm = np.zeros(len(g), bool)
         is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
-        if is_k.any():
-            comm[is_k] = is_comm_kernel(g["name"][is_k]) | g["coll_name"][is_k].notna().to_numpy(dtype=bool)
+        if is_k.any():  # a kernel's name tested once per distinct name (``is_comm_kernel`` of the distinct ones)
+            name_codes, name_uniques = pd.factorize(g["name"], use_na_sentinel=True)
+            comm_u = np.r_[is_comm_kernel(pd.Series(name_uniques)), False]
+            comm[is_k] = comm_u[np.asarray(name_codes, np.int64)[is_k]] | g["coll_name"].notna().to_numpy(bool)[is_k]
         codes, uniques = pd.factorize(g["name"].astype(str))
         labels = np.array([kernel_label(u) for u in uniques], dtype=object)
         vocab, label_code = np.unique(labels, return_inverse=True) if labels.size else (labels, np.empty(0, np.int64))
@@ -156,12 +174,11 @@ def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Interval
     """Launch-bound runs per rank, as the overhead attribution finds them (kernel launches joined
     to their single kernel by correlation, ``overhead_host.launch_runs`` per launching thread),
     minus the time non-tiny compute kernels and communication kernels run."""
-    rt = events[(events["kind"] == schema.RUNTIME).to_numpy(dtype=bool) & events["correlation"].notna().to_numpy(dtype=bool)]
+    rt = _rows(events, (events["kind"] == schema.RUNTIME).to_numpy(dtype=bool)
+               & events["correlation"].notna().to_numpy(dtype=bool), ("rank", "name", "pid", "tid", "correlation", "start_ns"))
     if not len(rt) or not g.rank.size:
         return {}
-    names = rt["name"].astype(str)
-    is_launch = names.map({n: bool(host_mod.KERNEL_LAUNCH_RE.match(n)) for n in names.unique()}).to_numpy(bool)
-    rt = rt[is_launch]
+    rt = rt[_match_flags(rt["name"], host_mod.KERNEL_LAUNCH_RE)]
     if len(rt) < host_mod.RUN_MIN_LAUNCHES:
         return {}
     thread = host_mod.thread_keys(rt["pid"], rt["tid"])
@@ -187,16 +204,14 @@ def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Interval
 def _blocking_copies(events: pd.DataFrame) -> dict[int, iv.Intervals]:
     """Copy calls long enough to have blocked the host (``cudaMemcpyAsync`` to pageable memory,
     ``.item()``/``.tolist()``: the call returns when the GPU got there), per rank."""
-    rt = events[(events["kind"] == schema.RUNTIME).to_numpy(dtype=bool)]
+    rt = _rows(events, (events["kind"] == schema.RUNTIME).to_numpy(dtype=bool), ("rank", "name", "start_ns", "end_ns"))
     if not len(rt):
         return {}
     dur = (rt["end_ns"] - rt["start_ns"]).to_numpy(np.int64)
     rt = rt[dur >= BLOCKING_COPY_NS]
     if not len(rt):
         return {}
-    names = rt["name"].astype(str)
-    copy = names.map({n: bool(host_mod.COPY_LAUNCH_RE.match(n)) for n in names.unique()}).to_numpy(bool)
-    rt = rt[copy]
+    rt = rt[_match_flags(rt["name"], host_mod.COPY_LAUNCH_RE)]
     return {int(r): iv.union(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
             for r, g in rt.groupby("rank", sort=False)}
 
@@ -296,38 +311,80 @@ def _empty_pieces() -> pd.DataFrame:
 
 # ---- per window ----------------------------------------------------------------------------
 def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    """Time per phase inside each window (``WINDOW_COLUMNS``: window id, rank, [start, end))."""
+    """Time per phase inside each window (``WINDOW_COLUMNS``: window id, rank, [start, end)).
+    One row per (window, rank, phase) in order of first appearance (a name seen under two
+    categories, e.g. span and self, is one phase: its first category, its time summed)."""
     if not len(pieces) or not len(windows):
         return _empty(PHASE_COLUMNS)
-    out = []
+    if pieces["phase"].isna().any() or pieces["category"].isna().any():
+        return _window_phases_grouped(pieces, windows)  # the groupby's null rules, rarely needed
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in PHASE_COLUMNS}
     by_rank = {int(r): g for r, g in pieces.groupby("rank", sort=False)}
     for r, w in windows.groupby("rank", sort=False):
         p = by_rank.get(int(r))
         if p is None:
             continue
-        ps, pe = p["start_ns"].to_numpy(np.int64), p["end_ns"].to_numpy(np.int64)
-        ws, we = w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)
-        lo = np.searchsorted(pe, ws, side="right")  # first piece ending after the window start
-        hi = np.searchsorted(ps, we, side="left")  # pieces starting before the window end
-        cnt = np.maximum(hi - lo, 0)
-        total = int(cnt.sum())
-        if not total:
+        hit = _window_hits(p, w)
+        if hit is None:
             continue
-        win = np.repeat(np.arange(len(w)), cnt)
-        idx = np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(total)
-        dur = np.minimum(pe[idx], we[win]) - np.maximum(ps[idx], ws[win])
-        ok = dur > 0
+        win, idx, dur = hit
+        # group by (window, phase) with integer codes: the phase strings are compared once
+        pcode, pnames = pd.factorize(p["phase"])  # no nulls here (see above)
+        wcode, wids = pd.factorize(w["window"].to_numpy(np.int64)[win])
+        group, _ = pd.factorize(wcode * np.int64(max(len(pnames), 1)) + pcode[idx])
+        first = np.unique(group, return_index=True)[1]  # codes number groups in order of first appearance
+        order = np.argsort(group, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
+        cols["window"].append(np.asarray(wids, np.int64)[wcode[first]])
+        cols["rank"].append(np.full(first.size, r, np.int64))
+        cols["phase"].append(np.asarray(pnames, dtype=object)[pcode[idx[first]]])
+        cols["category"].append(p["category"].iloc[idx[first]].to_numpy(dtype=object))
+        cols["ns"].append(np.add.reduceat(dur[order], starts))
+    if not cols["window"]:
+        return _empty(PHASE_COLUMNS)
+    return pd.DataFrame({c: np.concatenate(v) for c, v in cols.items()})[PHASE_COLUMNS]
+
+
+def _window_hits(p: pd.DataFrame, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Overlaps of one rank's sorted disjoint pieces with its windows: (window row, piece row, ns),
+    windows in order and pieces in order within each; None when nothing overlaps."""
+    ps, pe = p["start_ns"].to_numpy(np.int64), p["end_ns"].to_numpy(np.int64)
+    ws, we = w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)
+    lo = np.searchsorted(pe, ws, side="right")  # first piece ending after the window start
+    hi = np.searchsorted(ps, we, side="left")  # pieces starting before the window end
+    cnt = np.maximum(hi - lo, 0)
+    total = int(cnt.sum())
+    if not total:
+        return None
+    win = np.repeat(np.arange(len(w)), cnt)
+    idx = np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(total)
+    dur = np.minimum(pe[idx], we[win]) - np.maximum(ps[idx], ws[win])
+    ok = dur > 0
+    if not ok.any():
+        return None
+    return win[ok], idx[ok], dur[ok]
+
+
+def _window_phases_grouped(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """``window_phases`` through a pandas groupby (null phases dropped, the first non-null category)."""
+    out = []
+    by_rank = {int(r): g for r, g in pieces.groupby("rank", sort=False)}
+    for r, w in windows.groupby("rank", sort=False):
+        p = by_rank.get(int(r))
+        hit = _window_hits(p, w) if p is not None else None
+        if hit is None:
+            continue
+        win, idx, dur = hit
         out.append(pd.DataFrame({
-            "window": w["window"].to_numpy(np.int64)[win[ok]],
+            "window": w["window"].to_numpy(np.int64)[win],
             "rank": np.int64(r),
-            "phase": p["phase"].to_numpy(dtype=object)[idx[ok]],
-            "category": p["category"].to_numpy(dtype=object)[idx[ok]],
-            "ns": dur[ok],
+            "phase": p["phase"].to_numpy(dtype=object)[idx],
+            "category": p["category"].to_numpy(dtype=object)[idx],
+            "ns": dur,
         }))
     if not out:
         return _empty(PHASE_COLUMNS)
     df = pd.concat(out, ignore_index=True)
-    # one row per phase name (a name seen under two categories, e.g. span and self, is one phase)
     return df.groupby(["window", "rank", "phase"], sort=False, as_index=False).agg(
         category=("category", "first"), ns=("ns", "sum"))[PHASE_COLUMNS]
 

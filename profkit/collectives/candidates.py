@@ -134,10 +134,10 @@ def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> p
 
 def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
     is_kernel = (events["kind"] == schema.KERNEL).to_numpy(dtype=bool)
-    comm = np.zeros(len(events), dtype=bool)
-    idx = np.flatnonzero(is_kernel)
-    names = events["name"].iloc[idx]
-    comm[idx] = events["coll_name"].iloc[idx].notna().to_numpy(dtype=bool) | is_comm_kernel(names)
+    # ``is_comm_kernel`` of each distinct name once, on the whole column (codes, no rows taken)
+    codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
+    comm_u = np.r_[is_comm_kernel(pd.Series(uniques)), False]
+    comm = is_kernel & (comm_u[np.asarray(codes, np.int64)] | events["coll_name"].notna().to_numpy(dtype=bool))
     k = _take(events, comm, _KERNEL_COLUMNS)
     names = k["name"].astype(str)
     derived = names.map({n: kernel_coll_name(n) for n in names.unique()})

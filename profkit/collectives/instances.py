@@ -89,7 +89,7 @@ def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
         "n_participants": first["n_participants"],
         "n_present": g["rank"].size(),
         "complete": first["complete"],
-        "ranks": g["rank"].agg(lambda r: tuple(sorted(int(x) for x in r))),
+        "ranks": _rank_tuples(df, first.index),
         "first_start_ns": first["start_ns"].astype("int64"),
         "first_rank": first["rank"].astype("int64"),
         "last_start_ns": last["start_ns"].astype("int64"),
@@ -102,6 +102,20 @@ def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
     out = out.reset_index()
     return out[MATCH_COLUMNS]
 
+
+
+def _rank_tuples(df: pd.DataFrame, instances: pd.Index) -> pd.Series:
+    """Per instance (``instances``: every instance of ``df``, ascending), its ranks as a sorted tuple
+    of ints; built from one sort, not a Python function per group (there are tens of thousands)."""
+    inst = df["instance"].to_numpy(np.int64)
+    rank = df["rank"].to_numpy(np.int64)
+    order = np.lexsort((rank, inst))
+    inst, ranks = inst[order], rank[order].tolist()
+    bounds = np.flatnonzero(np.r_[True, inst[1:] != inst[:-1], True]).tolist()
+    tuples = [tuple(ranks[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    if len(tuples) != len(instances):
+        raise ValueError("instances and their rows disagree")
+    return pd.Series(tuples, index=instances, dtype=object)
 
 # ---- matching ---------------------------------------------------------------------------------
 def _order_key(rows: pd.DataFrame) -> pd.Series:

@@ -157,19 +157,27 @@ class _ThreadContext:
     def __init__(self, events: pd.DataFrame):
         kind = events["kind"]
         keep = kind.isin(_HOST_EVENT_KINDS + (schema.OSRT,)).to_numpy(dtype=bool) & events["tid"].notna().to_numpy(bool)
-        ev = events.loc[keep, ["rank", "kind", "name", "start_ns", "end_ns", "pid", "tid"]]
+        ev = events.loc[keep, ["rank", "start_ns", "end_ns", "pid", "tid"]]
         self.key = _thread_key(ev)
-        kinds = ev["kind"].astype(str).to_numpy(dtype=object)
-        codes, uniques = pd.factorize(ev["name"].astype("string").fillna(""))
-        uniques = pd.Series(np.asarray(uniques, dtype=object), dtype=object)
+        # kinds and names as codes of the whole columns (taking rows of string columns is the slow
+        # part); a missing name is ""
+        kind_codes, kind_uniques = pd.factorize(kind, use_na_sentinel=True)
+        kind_codes = np.asarray(kind_codes, np.int64)[keep]
+        kind_u = np.array([str(u) for u in kind_uniques] + [""], dtype=object)
+
+        def is_kind(*kinds: str) -> np.ndarray:
+            return np.isin(kind_u, list(kinds))[kind_codes]
+        codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
+        uniques = pd.Series(np.array([str(u) for u in uniques] + [""], dtype=object), dtype=object)
         self.names = uniques.to_numpy(dtype=object)
-        self.name = np.asarray(codes, np.int64)
+        codes = np.asarray(codes, np.int64)[keep]
+        self.name = np.where(codes < 0, len(uniques) - 1, codes)
         # per unique name, once: a Gloo worker span, a blocking OS call name
         gloo = uniques.str.match(GLOO_RE).to_numpy(bool)
         block = uniques.str.match(BLOCKING_CALL_RE).to_numpy(bool)
-        self.act = np.isin(kinds, list(_HOST_EVENT_KINDS))
-        self.span = (kinds == schema.CPU_SPAN) & ~gloo[self.name] if len(kinds) else np.zeros(0, bool)
-        self.block = (kinds == schema.OSRT) & block[self.name] if len(kinds) else np.zeros(0, bool)
+        self.act = is_kind(*_HOST_EVENT_KINDS)
+        self.span = is_kind(schema.CPU_SPAN) & ~gloo[self.name] if len(ev) else np.zeros(0, bool)
+        self.block = is_kind(schema.OSRT) & block[self.name] if len(ev) else np.zeros(0, bool)
         self.start = ev["start_ns"].to_numpy(np.int64)
         self.end = ev["end_ns"].to_numpy(np.int64)
         order = np.lexsort((self.start, self.key))
@@ -434,7 +442,8 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     many instances hold a collective of their own (``FACT_COLUMNS``); and a central block of up to
     ``SAMPLE_PER_NAME`` instances (``SAMPLE_COLUMNS``) for the aligned-ends test. Small: one row per
     name, 64 per name. Library spans (Gloo, NCCL, ProfilerStep, ...) and ``exclude`` are skipped."""
-    spans = events[(events["kind"] == schema.CPU_SPAN).to_numpy(bool) & events["tid"].notna().to_numpy(bool)]
+    spans = events.loc[(events["kind"] == schema.CPU_SPAN).to_numpy(bool) & events["tid"].notna().to_numpy(bool),
+                       [c for c in ("rank", "name", "start_ns", "end_ns", "pid", "tid") if c in events.columns]]
     if not len(spans):
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
     lib = _name_flags(spans["name"], lambda u: u.str.match(_LIBRARY_RE) | (
@@ -489,7 +498,9 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
     GPU while the GPU waits in a collective is charged from the GPU side), never by its ends;
     per rank, since vLLM's engine core waits for its worker process, which holds the collective."""
 
-    host = events[events["kind"].isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool)]
+    host = events.loc[events["kind"].isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool),
+                      [c for c in ("rank", "kind", "name", "category", "coll_name", "start_ns", "pid", "tid")
+                       if c in events.columns]]
     if not len(host):
         return {}, {}
     is_rt = (host["kind"] == schema.RUNTIME).to_numpy(bool)
