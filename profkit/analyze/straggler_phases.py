@@ -151,13 +151,12 @@ class _GpuArrays:
     def build(cls, g: pd.DataFrame) -> "_GpuArrays":
         rank = g["rank"].to_numpy(np.int64)
         order = np.argsort(rank, kind="stable")
+        codes, uniques = pd.factorize(g["name"].astype(str))  # each distinct name tested and labelled once
         comm = np.zeros(len(g), bool)
         is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
-        if is_k.any():  # a kernel's name tested once per distinct name (``is_comm_kernel`` of the distinct ones)
-            name_codes, name_uniques = pd.factorize(g["name"], use_na_sentinel=True)
-            comm_u = np.r_[is_comm_kernel(pd.Series(name_uniques)), False]
-            comm[is_k] = comm_u[np.asarray(name_codes, np.int64)[is_k]] | g["coll_name"].notna().to_numpy(bool)[is_k]
-        codes, uniques = pd.factorize(g["name"].astype(str))
+        if is_k.any():
+            comm_u = is_comm_kernel(pd.Series(uniques, dtype=object))
+            comm[is_k] = comm_u[np.asarray(codes, np.int64)[is_k]] | g["coll_name"].notna().to_numpy(bool)[is_k]
         labels = np.array([kernel_label(u) for u in uniques], dtype=object)
         vocab, label_code = np.unique(labels, return_inverse=True) if labels.size else (labels, np.empty(0, np.int64))
         code = label_code[codes] if codes.size else np.empty(0, np.int64)

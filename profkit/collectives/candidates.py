@@ -143,20 +143,28 @@ def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
     derived = names.map({n: kernel_coll_name(n) for n in names.unique()})
     coll = k["coll_name"].astype(object).where(k["coll_name"].notna(), derived)
     return pd.DataFrame({
-        "rank": k["rank"].to_numpy(dtype=np.int64),
-        "source_kind": KERNEL,
-        "group": k["coll_group"].astype(object).where(k["coll_group"].notna(), None).to_numpy(dtype=object),
-        "seq": k["coll_seq"].astype("Int64").to_numpy(),
-        "coll_name": coll.to_numpy(dtype=object),
-        "start_ns": k["start_ns"].to_numpy(dtype=np.int64),
-        "end_ns": k["end_ns"].to_numpy(dtype=np.int64),
-        "name": names.to_numpy(dtype=object),
+        **_identity_columns(k, KERNEL, coll, names),
         "device": k["device"].astype("Int64").to_numpy(),
         "stream": k["stream"].astype("Int64").to_numpy(),
         "pid": k["pid"].astype("Int64").to_numpy(),
         "tid": pd.array([pd.NA] * len(k), dtype="Int64"),
         "correlation": k["correlation"].astype("Int64").to_numpy(),
     })
+
+
+def _identity_columns(rows: pd.DataFrame, kind: str, coll: pd.Series, names: pd.Series) -> dict:
+    """The columns every candidate has, in candidate order: rank, source kind, group, sequence,
+    collective, start, end and the event's name."""
+    return {
+        "rank": rows["rank"].to_numpy(dtype=np.int64),
+        "source_kind": kind,
+        "group": rows["coll_group"].astype(object).where(rows["coll_group"].notna(), None).to_numpy(dtype=object),
+        "seq": rows["coll_seq"].astype("Int64").to_numpy(),
+        "coll_name": coll.to_numpy(dtype=object),
+        "start_ns": rows["start_ns"].to_numpy(dtype=np.int64),
+        "end_ns": rows["end_ns"].to_numpy(dtype=np.int64),
+        "name": names.to_numpy(dtype=object),
+    }
 
 
 def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFrame) -> tuple[pd.DataFrame, set]:
@@ -294,14 +302,7 @@ def _launch_rows(spans: pd.DataFrame) -> pd.DataFrame:
         spans["coll_name"].notna(), names.map(lambda s: normalize_coll_name(s.split(":", 1)[-1].removeprefix("nccl"))))
     n = len(spans)
     return pd.DataFrame({
-        "rank": spans["rank"].to_numpy(dtype=np.int64),
-        "source_kind": LAUNCH_SPAN,
-        "group": spans["coll_group"].astype(object).where(spans["coll_group"].notna(), None).to_numpy(dtype=object),
-        "seq": spans["coll_seq"].astype("Int64").to_numpy(),
-        "coll_name": coll.to_numpy(dtype=object),
-        "start_ns": spans["start_ns"].to_numpy(dtype=np.int64),
-        "end_ns": spans["end_ns"].to_numpy(dtype=np.int64),
-        "name": names.to_numpy(dtype=object),
+        **_identity_columns(spans, LAUNCH_SPAN, coll, names),
         "device": pd.array([pd.NA] * n, dtype="Int64"),
         "stream": pd.array([pd.NA] * n, dtype="Int64"),
         "pid": spans["pid"].astype("Int64").to_numpy(),

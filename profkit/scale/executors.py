@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
-from profkit.analyze.stages import SerialExecutor, stage_name as _name
+from profkit.analyze.stages import SerialExecutor, stage_name
 from profkit.errors import ScaleError  # noqa: F401 - read as profkit.scale.ScaleError
 
 EXECUTORS = ("serial", "pool", "dask")
@@ -48,13 +48,13 @@ class PoolExecutor(SerialExecutor):
                     broken.append(i)
                 except Exception as exc:  # noqa: BLE001
                     self.close()
-                    raise ScaleError(f"{labels[i]}: stage {_name(fn)!r} failed: {exc!r}") from exc
+                    raise ScaleError(f"{labels[i]}: stage {stage_name(fn)!r} failed: {exc!r}") from exc
             if not broken:
                 return [results[i] for i in range(len(calls))]
             self.close()  # a worker died: every unfinished task of that pool is lost; retry them once
             pending = broken
         names = ", ".join(labels[i] for i in pending)
-        raise ScaleError(f"{names}: stage {_name(fn)!r}: the worker process died twice (killed, or out of memory?)")
+        raise ScaleError(f"{names}: stage {stage_name(fn)!r}: the worker process died twice (killed, or out of memory?)")
 
     def close(self) -> None:
         if self._pool is not None:
@@ -90,7 +90,7 @@ class DaskExecutor(SerialExecutor):
     def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
         from distributed import KilledWorker
 
-        futures = [self.client.submit(fn, *args, pure=False, key=f"profkit-{_name(fn)}-{i}-{os.urandom(4).hex()}")
+        futures = [self.client.submit(fn, *args, pure=False, key=f"profkit-{stage_name(fn)}-{i}-{os.urandom(4).hex()}")
                    for i, args in enumerate(calls)]
         out = []
         try:
@@ -102,7 +102,7 @@ class DaskExecutor(SerialExecutor):
                 except ScaleError:
                     raise
                 except Exception as exc:  # noqa: BLE001
-                    raise ScaleError(f"{label}: stage {_name(fn)!r} failed: {exc!r}") from exc
+                    raise ScaleError(f"{label}: stage {stage_name(fn)!r} failed: {exc!r}") from exc
         finally:
             for fut in futures:
                 fut.release()
@@ -124,7 +124,7 @@ def _killed_message(fn: Callable, futures: list, labels: Sequence[str], label: s
     killed = [lab for fut, lab in zip(futures, labels) if fut.status == "error" and isinstance(fut.exception(), KilledWorker)]
     who = ", ".join(killed or [label])
     them = "them" if len(killed) > 1 else "it"
-    return f"{who}: stage {_name(fn)!r}: every worker that ran {them} died ({exc})"
+    return f"{who}: stage {stage_name(fn)!r}: every worker that ran {them} died ({exc})"
 
 
 def make_executor(executor: str = "pool", workers: int | None = None, scheduler: str | None = None,
