@@ -231,7 +231,7 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
     is removed whole or not at all: removing ``host_sync (X)`` removes the sync, so the host no
     longer waits for its GPU there."""
     w = g.work
-    cut = np.zeros((len(g.edges), len(scen)), np.int64)
+    cut = np.zeros((len(scen), len(g.edges)), np.int64)  # a row per scenario while filling; (edges, S) out
     node_cut = None
     removed = np.zeros(len(scen), np.int64)
     is_wait_row = w.lane == prog.WAIT_ON_GPU
@@ -247,11 +247,11 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
         share = _share(s, w, ctx)
         amount = np.rint(w.ns * share).astype(np.int64)
         lane_rows = ~is_wait_row & (amount > 0)
-        np.add.at(cut[:, j], w.edge[lane_rows], amount[lane_rows])
+        np.add.at(cut[j], w.edge[lane_rows], amount[lane_rows])
         drop = is_wait_row & (share >= 0.5)
-        cut[w.edge[drop], j] = DROP
+        cut[j, w.edge[drop]] = DROP
         removed[j] += int(amount[lane_rows].sum() + w.ns[drop].sum())
-    return cut, node_cut, removed
+    return np.ascontiguousarray(cut.T), node_cut, removed
 
 
 def _node_cut(g: rp.ReplayGraph, s: Scenario, ctx: dict) -> np.ndarray | None:
@@ -307,14 +307,22 @@ def _median_rank_cut(g: rp.ReplayGraph) -> np.ndarray:
     if not arr.size:
         return out
     w = np.maximum(t[arr] - work_start[arr], 0)
-    bounds = g.arr_bounds
-    med = np.zeros(arr.size, np.float64)
-    for i in range(bounds.size - 1):
-        lo, hi = bounds[i], bounds[i + 1]
-        if hi > lo:
-            med[lo:hi] = np.median(w[lo:hi])
-    out[arr] = np.maximum(w - np.rint(med).astype(np.int64), 0)
+    out[arr] = np.maximum(w - np.rint(_group_medians(w, g.arr_bounds)).astype(np.int64), 0)
     return out
+
+
+def _group_medians(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Per row, ``np.median`` of its group (``bounds``: CSR offsets over ``values``), for all
+    groups in one sort: the two middle values of each group, averaged as ``np.median`` does."""
+    sizes = np.diff(bounds)
+    group = np.repeat(np.arange(sizes.size), sizes)
+    ordered = values[np.lexsort((values, group))]
+    full = sizes > 0
+    lo = bounds[:-1][full] + (sizes[full] - 1) // 2
+    hi = bounds[:-1][full] + sizes[full] // 2
+    med = np.zeros(sizes.size, np.float64)
+    med[full] = (ordered[lo].astype(np.float64) + ordered[hi].astype(np.float64)) / 2.0
+    return np.repeat(med, sizes)
 
 
 _STEP_BITS = 24  # packing (rank, phase, step) into one int64 key: steps below 16 M

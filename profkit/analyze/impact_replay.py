@@ -13,6 +13,7 @@ earlier by a fixed amount: the straggler-free bound).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +22,7 @@ import pandas as pd
 from profkit.analyze import impact_program as prog
 
 NEG = np.iinfo(np.int64).min // 4  # "no such edge": never the max, never overflows when shifted
+NO_JIT_ENV = "PROFKIT_NO_JIT"  # set (any value): the numpy replay even where numba is installed
 IN = 3  # incoming edges per point at most: its lane, and two anchors (a GPU point) or its GPU (a resume)
 
 
@@ -157,10 +159,39 @@ def _empty_graph() -> ReplayGraph:
                        z, z, np.zeros(1, np.int64), edges, work)
 
 
+def _kernel():
+    """The compiled replay (``replay_kernel``) when numba is installed and not switched off."""
+    if os.environ.get(NO_JIT_ENV):
+        return None
+    try:
+        from profkit.analyze.replay_kernel import replay_points
+    except ImportError:
+        return None
+    return replay_points
+
+
 def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Shift of every point per scenario: ``cut`` (edges x scenarios, ns removed on each edge),
     ``node_cut`` (points x scenarios, ns a point is made earlier). Returns (deltas (points x
-    scenarios), number of instances released early where clocks disagreed about an order)."""
+    scenarios), number of instances released early where clocks disagreed about an order).
+    Compiled (``replay_kernel``) where numba is installed, else ``replay_numpy``: the same numbers."""
+    kernel = _kernel()
+    if kernel is None or not g.n:
+        return replay_numpy(g, cut, node_cut)
+    s_count = cut.shape[1] if cut.ndim == 2 else 1
+    delta = np.zeros((g.n, s_count), np.int64)
+    cut2 = np.ascontiguousarray(cut.reshape(len(cut), s_count), dtype=np.int64)
+    use_node_cut = node_cut is not None
+    nc = (np.ascontiguousarray(node_cut.reshape(g.n, s_count), dtype=np.int64) if use_node_cut
+          else np.zeros((1, s_count), np.int64))
+    t = g.nodes["time_ns"].to_numpy(np.int64)
+    forced = kernel(g.offsets, g.in_src, g.in_edge, g.in_slack, g.is_exit, g.is_arrive, g.inst, g.arr_nodes,
+                    g.arr_slack, g.arr_bounds, t, cut2, nc, use_node_cut, delta)
+    return delta, int(forced)
+
+
+def replay_numpy(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """``replay`` in numpy: all ranks advance together, one point per rank per round."""
     n = g.n
     s_count = cut.shape[1] if cut.ndim == 2 else 1
     delta = np.zeros((n, s_count), np.int64)
