@@ -73,7 +73,8 @@ MAX_EXTRA_PHASES = 10  # host phases not in causes.csv, by total host time
 RANK_PHASES = 2  # straggler phases per straggler rank (top and second cause)
 MAX_SPIKES = 5  # "X spikes" rows (the part of a cause above its median per step)
 MIN_SPIKE_SHARE = 0.2  # ... when the spikes are at least this share of the cause's time
-SCENARIO_BLOCK_BYTES = 1 << 28  # cut and shift matrices per replay pass (scenarios are done in blocks)
+SCENARIO_BLOCK_BYTES = 1 << 26  # cut and shift matrices per replay pass (scenarios are done in blocks)
+NUMPY_BLOCK_BYTES = 1 << 28  # the numpy replay pays its rounds once per pass: fewer, larger blocks
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95
 
@@ -231,7 +232,8 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
     is removed whole or not at all: removing ``host_sync (X)`` removes the sync, so the host no
     longer waits for its GPU there."""
     w = g.work
-    cut = np.zeros((len(scen), len(g.edges)), np.int64)  # a row per scenario while filling; (edges, S) out
+    cut = np.zeros((len(g.edges), len(scen)), np.int64)
+    col = np.zeros(len(g.edges), np.int64)  # one scenario's cuts, filled contiguous, then copied into ``cut``
     node_cut = None
     removed = np.zeros(len(scen), np.int64)
     is_wait_row = w.lane == prog.WAIT_ON_GPU
@@ -247,11 +249,13 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
         share = _share(s, w, ctx)
         amount = np.rint(w.ns * share).astype(np.int64)
         lane_rows = ~is_wait_row & (amount > 0)
-        np.add.at(cut[j], w.edge[lane_rows], amount[lane_rows])
+        col[:] = 0
+        np.add.at(col, w.edge[lane_rows], amount[lane_rows])
         drop = is_wait_row & (share >= 0.5)
-        cut[j, w.edge[drop]] = DROP
+        col[w.edge[drop]] = DROP
+        cut[:, j] = col
         removed[j] += int(amount[lane_rows].sum() + w.ns[drop].sum())
-    return np.ascontiguousarray(cut.T), node_cut, removed
+    return cut, node_cut, removed
 
 
 def _node_cut(g: rp.ReplayGraph, s: Scenario, ctx: dict) -> np.ndarray | None:
@@ -423,7 +427,18 @@ def impact_from_programs(programs: list[prog.RankProgram], steps: pd.DataFrame, 
     bound is always replayed (``impact_share`` is relative to it)."""
     if steps is None or not len(steps):
         return empty_impact("no steps: impact needs step times")
-    g = rp.build_graph(programs)
+    return impact_from_graph(rp.build_graph(programs), steps, causes, cause_steps, stragglers, straggler_ranks,
+                             scenarios, n_resamples, seed)
+
+
+def impact_from_graph(g: rp.ReplayGraph, steps: pd.DataFrame, causes: pd.DataFrame | None = None,
+                      cause_steps: pd.DataFrame | None = None, stragglers: pd.DataFrame | None = None,
+                      straggler_ranks: list[int] | None = None, scenarios: list[Scenario] | None = None,
+                      n_resamples: int = N_RESAMPLES, seed: int = 0) -> Impact:
+    """``impact_from_programs`` over programs already joined (``impact_replay.build_graph``): the
+    caller can let the per-rank programs go before the replay's matrices are made."""
+    if steps is None or not len(steps):
+        return empty_impact("no steps: impact needs step times")
     if not g.n:
         return empty_impact("no points to replay")
     scen = scenarios if scenarios is not None else scenarios_for(g.work, causes, stragglers, straggler_ranks)
@@ -454,7 +469,8 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
     base_rank = t_pts[next_pt] - t_pts[start_pt]  # the step's period on its rank (see _step_points)
     step_ids = st["step"].to_numpy(np.int64)
     uniq_steps, step_pos = np.unique(step_ids, return_inverse=True)
-    per_block = max(1, SCENARIO_BLOCK_BYTES // max(8 * (len(g.edges) + g.n), 1))
+    block_bytes = SCENARIO_BLOCK_BYTES if rp.compiled() else NUMPY_BLOCK_BYTES
+    per_block = max(1, block_bytes // max(8 * (len(g.edges) + g.n), 1))
     replayed = np.zeros((len(st), len(scen)), np.int64)
     removed = np.zeros(len(scen), np.int64)
     released = 0

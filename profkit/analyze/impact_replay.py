@@ -113,7 +113,7 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
     in_edge = np.full((n, IN), -1, np.int64)
     in_slack = np.zeros((n, IN), np.int64)
     gdst = edges["gdst"].to_numpy(np.int64)
-    slot = pd.Series(gdst).groupby(gdst).cumcount().to_numpy(np.int64)
+    slot = _slot_in_group(gdst)
     if (slot >= IN).any():
         raise ValueError(f"impact replay: a point with more than {IN} incoming edges")
     in_src[gdst, slot] = edges["gsrc"].to_numpy(np.int64)
@@ -149,6 +149,17 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
                        residual_ns=int(sum(p.residual_ns for p in programs)), notes=notes)
 
 
+def _slot_in_group(keys: np.ndarray) -> np.ndarray:
+    """Each row's position among the earlier rows with its key (``groupby(keys).cumcount()``)."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    run_start = np.r_[True, ordered[1:] != ordered[:-1]] if keys.size else np.zeros(0, bool)
+    first = np.maximum.accumulate(np.where(run_start, np.arange(keys.size), 0))
+    slot = np.empty(keys.size, np.int64)
+    slot[order] = np.arange(keys.size) - first
+    return slot
+
+
 def _empty_graph() -> ReplayGraph:
     z2 = np.zeros((0, IN), np.int64)
     z = np.zeros(0, np.int64)
@@ -168,6 +179,11 @@ def _kernel():
     except ImportError:
         return None
     return replay_points
+
+
+def compiled() -> bool:
+    """Whether ``replay`` runs the compiled kernel (numba installed, ``PROFKIT_NO_JIT`` unset)."""
+    return _kernel() is not None
 
 
 def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> tuple[np.ndarray, int]:

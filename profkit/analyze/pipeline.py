@@ -217,6 +217,7 @@ def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels
     """The impact table: per-rank programs on the executor, the replay on the driver."""
     from profkit.analyze import impact as impact_mod
     from profkit.analyze import impact_program
+    from profkit.analyze import impact_replay as rp
 
     syncs = impact_program.syncs_from_arrivals(plan.arrivals)
     by_rank = dict(iter(syncs.groupby("rank", sort=False))) if len(syncs) else {}
@@ -231,8 +232,12 @@ def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels
         x.program = None
     straggler_list = straggler_ranks(per_rank)
     try:
-        return impact_mod.impact_from_programs(programs, steps, causes=causes, cause_steps=cause_steps,
-                                               stragglers=per_rank, straggler_ranks=straggler_list)
+        if steps is None or not len(steps):
+            return impact_mod.empty_impact("no steps: impact needs step times")
+        graph = rp.build_graph(programs)
+        del programs  # the joined graph holds the same points: the replay's matrices come after
+        return impact_mod.impact_from_graph(graph, steps, causes=causes, cause_steps=cause_steps,
+                                            stragglers=per_rank, straggler_ranks=straggler_list)
     except (ValueError, IndexError) as exc:  # a replay that cannot be built must not cost the other tables
         return impact_mod.empty_impact(f"impact not computed: {exc}")
 
