@@ -255,6 +255,15 @@ def _zlib_stream(path: Path) -> tuple[int, int, int]:
     return path.stat().st_size, out, 0
 
 
+def _accelerators() -> str:
+    """Which of the ``fast`` extra's modules the runs had (isal: gunzip; numba: the impact replay)."""
+    import importlib.util
+
+    have = [m for m in ("isal", "numba") if importlib.util.find_spec(m) is not None]
+    off = " (PROFKIT_NO_JIT set: numpy replay)" if os.environ.get("PROFKIT_NO_JIT") else ""
+    return f"fast extra: {', '.join(have) or 'none'}{off}"
+
+
 def _isal(path: Path) -> tuple[int, int, int]:
     from isal import igzip
 
@@ -667,7 +676,7 @@ def main() -> int:
 
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     header = (f"profkit.scale.analyze_paths on simulated captures ({args.format}, seed 1); {machine}; "
-              f"workers: {args.workers or 'executor default'}; one run each")
+              f"workers: {args.workers or 'executor default'}; {_accelerators()}; one run each")
     runs: list[dict] = []
     floors: dict[str, list[dict]] = {}
 
