@@ -93,7 +93,7 @@ def test_random_programs_with_disagreeing_clocks_replay_the_same(seed):
     cut[rng.random(cut.shape) < 0.5] = 0
     cut[:, 0] = 0  # the baseline: nothing removed
     node_cut = rng.integers(0, 20, size=(g.n, scen)).astype(np.int64) if seed % 2 else None
-    fast, forced_fast = rp.replay(g, cut, node_cut)
+    fast, forced_fast = rp.replay(g, cut, node_cut, use_kernel=True)
     slow, forced_slow = rp.replay_numpy(g, cut, node_cut)
     assert forced_fast == forced_slow
     np.testing.assert_array_equal(fast, slow)
@@ -107,12 +107,12 @@ def test_the_random_programs_do_deadlock():
     for seed in range(3, 12):
         rng = np.random.default_rng(seed)
         g, n_edges = random_graph(rng, ranks=int(rng.integers(2, 7)), instances=int(rng.integers(3, 25)), swap_p=0.3)
-        forced += rp.replay(g, np.zeros((n_edges, 1), np.int64))[1]
+        forced += rp.replay(g, np.zeros((n_edges, 1), np.int64), use_kernel=True)[1]
     assert forced > 0
 
 
 @pytest.mark.parametrize("folder", ["vllm-0.26-h200/torch_faults", "engine-dep4-h200-capture/torch_faults"])
-def test_real_capture_programs_replay_the_same(folder):
+def test_real_capture_programs_replay_the_same(folder, monkeypatch):
     from profkit.scale import analyze_paths
 
     a = analyze_paths([SAMPLES / folder], executor="serial")
@@ -121,13 +121,24 @@ def test_real_capture_programs_replay_the_same(folder):
     scen = imp.scenarios_for(g.work, a.causes, a.stragglers, a.straggler_ranks)
     cut, node_cut, _ = imp._cuts(g, scen)
     assert cut.any()
-    fast, forced_fast = rp.replay(g, cut, node_cut)
+    fast, forced_fast = rp.replay(g, cut, node_cut, use_kernel=True)
     slow, forced_slow = rp.replay_numpy(g, cut, node_cut)
     assert forced_fast == forced_slow
     np.testing.assert_array_equal(fast, slow)
-
-
-def test_the_numpy_replay_can_be_forced(monkeypatch):
-    assert rp._kernel() is not None  # numba is a test dependency: the compiled path is what runs
+    # the whole impact table, the kernel's scenario blocks included, is the same either way
+    monkeypatch.setattr(rp, "MIN_COMPILED_ROUNDS", 1)
+    assert rp.compiled(g)
+    compiled = imp.what_if(a.impact, scen)
     monkeypatch.setenv(rp.NO_JIT_ENV, "1")
-    assert rp._kernel() is None
+    pd.testing.assert_frame_equal(compiled, imp.what_if(a.impact, scen))
+
+
+def test_the_kernel_runs_from_its_size_on_and_numpy_can_be_forced(monkeypatch):
+    """numba is a test dependency: the compiled replay is what runs on a rank of
+    ``MIN_COMPILED_ROUNDS`` points or more; smaller programs (and ``PROFKIT_NO_JIT``) get numpy."""
+    g, _ = random_graph(np.random.default_rng(0), ranks=2, instances=5, swap_p=0.0)
+    assert not rp.compiled(g)
+    monkeypatch.setattr(rp, "MIN_COMPILED_ROUNDS", 1)
+    assert rp.compiled(g)
+    monkeypatch.setenv(rp.NO_JIT_ENV, "1")
+    assert not rp.compiled(g)

@@ -469,7 +469,7 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
     base_rank = t_pts[next_pt] - t_pts[start_pt]  # the step's period on its rank (see _step_points)
     step_ids = st["step"].to_numpy(np.int64)
     uniq_steps, step_pos = np.unique(step_ids, return_inverse=True)
-    block_bytes = SCENARIO_BLOCK_BYTES if rp.compiled() else NUMPY_BLOCK_BYTES
+    block_bytes = SCENARIO_BLOCK_BYTES if rp.compiled(g) else NUMPY_BLOCK_BYTES
     per_block = max(1, block_bytes // max(8 * (len(g.edges) + g.n), 1))
     replayed = np.zeros((len(st), len(scen)), np.int64)
     removed = np.zeros(len(scen), np.int64)

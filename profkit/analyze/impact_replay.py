@@ -23,6 +23,7 @@ from profkit.analyze import impact_program as prog
 
 NEG = np.iinfo(np.int64).min // 4  # "no such edge": never the max, never overflows when shifted
 NO_JIT_ENV = "PROFKIT_NO_JIT"  # set (any value): the numpy replay even where numba is installed
+MIN_COMPILED_ROUNDS = 10_000  # points on a rank from which the compiled replay pays (see ``compiled``)
 IN = 3  # incoming edges per point at most: its lane, and two anchors (a GPU point) or its GPU (a resume)
 
 
@@ -181,19 +182,27 @@ def _kernel():
     return replay_points
 
 
-def compiled() -> bool:
-    """Whether ``replay`` runs the compiled kernel (numba installed, ``PROFKIT_NO_JIT`` unset)."""
-    return _kernel() is not None
+def compiled(g: ReplayGraph) -> bool:
+    """Whether ``replay`` runs the compiled kernel on ``g``: numba installed, ``PROFKIT_NO_JIT``
+    unset, and a rank with at least ``MIN_COMPILED_ROUNDS`` points (below, numpy's rounds cost
+    less than importing numba and loading the kernel, ~0.9 s a process)."""
+    rounds = int(np.diff(g.offsets).max()) if g.offsets.size > 1 else 0
+    return rounds >= MIN_COMPILED_ROUNDS and _kernel() is not None
 
 
-def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None,
+           use_kernel: bool | None = None) -> tuple[np.ndarray, int]:
     """Shift of every point per scenario: ``cut`` (edges x scenarios, ns removed on each edge),
     ``node_cut`` (points x scenarios, ns a point is made earlier). Returns (deltas (points x
     scenarios), number of instances released early where clocks disagreed about an order).
-    Compiled (``replay_kernel``) where numba is installed, else ``replay_numpy``: the same numbers."""
-    kernel = _kernel()
-    if kernel is None or not g.n:
+    Compiled (``replay_kernel``) where ``compiled(g)``, else ``replay_numpy``: the same numbers.
+    ``use_kernel`` True / False: that one (True needs numba)."""
+    if use_kernel is None:
+        use_kernel = compiled(g)
+    if not use_kernel or not g.n:
         return replay_numpy(g, cut, node_cut)
+    from profkit.analyze.replay_kernel import replay_points
+
     s_count = cut.shape[1] if cut.ndim == 2 else 1
     delta = np.zeros((g.n, s_count), np.int64)
     cut2 = np.ascontiguousarray(cut.reshape(len(cut), s_count), dtype=np.int64)
@@ -201,8 +210,8 @@ def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) 
     nc = (np.ascontiguousarray(node_cut.reshape(g.n, s_count), dtype=np.int64) if use_node_cut
           else np.zeros((1, s_count), np.int64))
     t = g.nodes["time_ns"].to_numpy(np.int64)
-    forced = kernel(g.offsets, g.in_src, g.in_edge, g.in_slack, g.is_exit, g.is_arrive, g.inst, g.arr_nodes,
-                    g.arr_slack, g.arr_bounds, t, cut2, nc, use_node_cut, delta)
+    forced = replay_points(g.offsets, g.in_src, g.in_edge, g.in_slack, g.is_exit, g.is_arrive, g.inst, g.arr_nodes,
+                           g.arr_slack, g.arr_bounds, t, cut2, nc, use_node_cut, delta)
     return delta, int(forced)
 
 
