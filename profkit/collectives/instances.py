@@ -75,11 +75,17 @@ def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
     """
     if inst.empty:
         return pd.DataFrame(columns=MATCH_COLUMNS)
-    df = inst.sort_values(["instance", "start_ns", "rank"], kind="stable")
-    g = df.groupby("instance", sort=True)
-    first = g.head(1).set_index("instance")
-    last = df.sort_values(["instance", "start_ns", "rank"], ascending=[True, False, True], kind="stable")
-    last = last.groupby("instance", sort=True).head(1).set_index("instance")
+    iid = inst["instance"].to_numpy(np.int64)
+    start, rank = inst["start_ns"].to_numpy(np.int64), inst["rank"].to_numpy(np.int64)
+    # rows by (instance, start, rank): each instance's first arrival heads its run; the last one
+    # heads it when sorted by start descending (rank ascending on ties), as before
+    order = np.lexsort((rank, start, iid))
+    heads = np.flatnonzero(np.r_[True, iid[order][1:] != iid[order][:-1]])
+    first_rows, last_rows = order[heads], np.lexsort((rank, -start, iid))[heads]
+    index = pd.Index(iid[first_rows], name="instance")
+    first = inst[["group", "seq", "coll_name", "source_kind", "key", "n_participants", "complete"]]
+    first = first.take(first_rows).set_axis(index)
+    end = inst["end_ns"].to_numpy(np.int64)[order]
     out = pd.DataFrame({
         "group": first["group"],
         "seq": first["seq"],
@@ -87,15 +93,15 @@ def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
         "source_kind": first["source_kind"],
         "key": first["key"],
         "n_participants": first["n_participants"],
-        "n_present": g["rank"].size(),
+        "n_present": pd.Series(np.diff(np.r_[heads, order.size]).astype(np.int64), index=index),
         "complete": first["complete"],
-        "ranks": _rank_tuples(df, first.index),
-        "first_start_ns": first["start_ns"].astype("int64"),
-        "first_rank": first["rank"].astype("int64"),
-        "last_start_ns": last["start_ns"].astype("int64"),
-        "last_rank": last["rank"].astype("int64"),
-        "first_end_ns": g["end_ns"].min().astype("int64"),
-        "last_end_ns": g["end_ns"].max().astype("int64"),
+        "ranks": _rank_tuples(inst, index),
+        "first_start_ns": pd.Series(start[first_rows], index=index),
+        "first_rank": pd.Series(rank[first_rows], index=index),
+        "last_start_ns": pd.Series(start[last_rows], index=index),
+        "last_rank": pd.Series(rank[last_rows], index=index),
+        "first_end_ns": pd.Series(np.minimum.reduceat(end, heads), index=index),
+        "last_end_ns": pd.Series(np.maximum.reduceat(end, heads), index=index),
     })
     out["arrival_skew_ns"] = out["last_start_ns"] - out["first_start_ns"]
     out["end_spread_ns"] = out["last_end_ns"] - out["first_end_ns"]
