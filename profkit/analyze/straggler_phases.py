@@ -481,16 +481,15 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
     of its window as a range of that order; per (window, phase) the absent participants are zeros
     in front of the present values, and the median of the others is read at two positions."""
     want = windows if rows is None else windows[rows]
-    empty = CodedExcess(_empty(EXCESS_COLUMNS).astype({"phase": "int64", "category": "int64"}), names, categories)
     if not len(phases) or not len(want):
-        return empty
+        return _empty_coded(names, categories)
     w_ids, n_per = np.unique(windows["window"].to_numpy(np.int64), return_counts=True)
     want_w = want["window"].to_numpy(np.int64)
     pw = phases["window"].to_numpy(np.int64)
     ns = phases["ns"].to_numpy(np.int64)
     keep = np.isin(pw, want_w) & (ns > 0)
     if not keep.any():
-        return empty
+        return _empty_coded(names, categories)
     pw, ns, pr = pw[keep], ns[keep], phases["rank"].to_numpy(np.int64)[keep]
     pc, cc = p_codes[keep], c_codes[keep]
     # one stable sort by (window, phase in order of first appearance, ns), as one int64 key
@@ -560,9 +559,13 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
         parts.append(pd.DataFrame({"window": g_w[g], "rank": r, "phase": g_p[g], "category": g_c[g],
                                    "ns": own_ns.astype(np.int64), "peer_ns": peer, "excess_ns": own_ns - peer}))
     if not parts:
-        return empty
+        return _empty_coded(names, categories)
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
     return CodedExcess(out[EXCESS_COLUMNS], names, categories)
+
+
+def _empty_coded(names: np.ndarray, categories: np.ndarray) -> CodedExcess:
+    return CodedExcess(_empty(EXCESS_COLUMNS).astype({"phase": "int64", "category": "int64"}), names, categories)
 
 
 def causes_only(excess: pd.DataFrame) -> pd.DataFrame:

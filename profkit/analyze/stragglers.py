@@ -242,8 +242,9 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     matched = plan.matched if plan.matched is not None else _match(plan.instances)
     per_inst = _per_instance(arrivals, why, matched)
     acc_x.rows = acc_x.rows.assign(step=_map_ids(acc_x.rows["window"], acc_step))
-    lateness = _lateness(arrivals, acc_x)
-    plan.phase_steps = _phase_steps(acc_x)
+    per_step = _step_phase_table(acc_x)
+    lateness = _lateness(arrivals, acc_x, per_step)
+    plan.phase_steps = _phase_steps(acc_x, per_step)
     per_rank.attrs["report"] = report
     return per_rank, per_inst, lateness
 
@@ -357,8 +358,7 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     # whom the rank waited for most (its wait at instances, by their last arriver): a victim's
     # line reads "waiting for rank k", as its causes do
     whom = _waited_for(arrivals, ["rank"])
-    last_of = arrivals.loc[arrivals["is_last"].to_numpy(bool)].set_index("instance")["rank"]
-    waited = arrivals.assign(last=arrivals["instance"].map(last_of))
+    waited = arrivals[["rank", "wait_ns"]].assign(last=arrivals["instance"].map(_last_of(arrivals)))
     waited = waited[waited["last"].to_numpy() == waited["rank"].map(whom).to_numpy()]
     out["waited_for_rank"] = whom.reindex(out.index).astype("Int64")
     out["waited_for_ns"] = waited.groupby("rank")["wait_ns"].sum().reindex(out.index).fillna(0).astype("int64")
@@ -543,46 +543,59 @@ def _best(excess: pd.DataFrame, by) -> pd.DataFrame:
 PHASE_STEP_COLUMNS = ["rank", "step", "cause", "ns"]
 
 
-def _phase_steps(acc_excess: ph_mod.CodedExcess | None) -> pd.DataFrame:
+def _phase_steps(acc_excess: ph_mod.CodedExcess | None, per_step: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (rank, step, phase): the rank's own time in the phase in the windows of that step (its
     work since its previous sync point, up to each arrival of the step; waits are not phases).
     Episodes read their causes here: a GC at the end of step k makes the rank late at step k+1's
-    sync, and the window of that sync holds it."""
+    sync, and the window of that sync holds it. ``per_step``: ``_step_phase_table`` of ``acc_excess``."""
     if acc_excess is None or not len(acc_excess.rows):
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
                              "cause": pd.Series(dtype=object), "ns": pd.Series(dtype="int64")})
-    g = _step_phase_sums(acc_excess, "ns", (acc_excess.rows["ns"] > 0).to_numpy(bool), sort=True)
-    g = g.assign(phase=acc_excess.phase_names(g["phase"], "str"))  # codes sort as the names
-    g = g.rename(columns={"phase": "cause"}).astype({"rank": "int64", "step": "int64", "ns": "int64"})
-    return g[PHASE_STEP_COLUMNS]
+    g = per_step if per_step is not None else _step_phase_table(acc_excess)
+    g = g[g["n_own"].to_numpy() > 0]
+    g = g.take(np.lexsort((g["phase"].to_numpy(), g["step"].to_numpy(), g["rank"].to_numpy())))  # codes sort as names
+    g = pd.DataFrame({"rank": g["rank"].to_numpy(np.int64), "step": g["step"].to_numpy().astype(np.int64),
+                      "cause": acc_excess.phase_names(g["phase"], "str").to_numpy(), "ns": g["ns"].to_numpy(np.int64)})
+    return g.astype({"cause": "str"})[PHASE_STEP_COLUMNS]
 
 
-def _step_phase_sums(excess: ph_mod.CodedExcess, column: str, rows: np.ndarray, sort: bool) -> pd.DataFrame:
-    """``column`` summed per (rank, step, phase code) over the ``rows`` mask, as
-    ``groupby(["rank", "step", "phase"], sort=sort)`` gives it (rows without a step left out; groups in
-    key order, or in order of first appearance), grouped on one int64 key built from the three."""
+def _step_phase_table(excess: ph_mod.CodedExcess) -> pd.DataFrame:
+    """Per (rank, step, phase code) of the rows with a step, in order of first appearance (as
+    ``groupby([...], sort=False)`` orders them): the summed ``excess_ns``, the summed own time
+    ``ns`` of the rows with ns > 0 and how many those are (``n_own``). One factorization of one
+    int64 key serves both the lateness and the phase steps (millions of rows at DEP32 x 1000)."""
     x = excess.rows
     step = x["step"]
-    keep = rows & step.notna().to_numpy(bool)
+    keep = step.notna().to_numpy(bool)
     r, p = x["rank"].to_numpy(np.int64)[keep], x["phase"].to_numpy(np.int64)[keep]
-    st, v = step.to_numpy()[keep].astype(np.int64), x[column].to_numpy(np.int64)[keep]
-    cols = ["rank", "step", "phase", column]
+    st = step.to_numpy()[keep].astype(np.int64)
+    cols = {"rank": r[:0], "step": st[:0], "phase": p[:0], "excess_ns": r[:0], "ns": r[:0], "n_own": r[:0]}
     if not r.size:
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols}).astype({"step": step.dtype})
+        return pd.DataFrame(cols).astype({"step": step.dtype})
     r0, s0 = int(r.min()), int(st.min())
     n_s, n_p = int(st.max()) - s0 + 1, max(len(excess.phases), 1)
-    if (int(r.max()) - r0 + 1) * n_s * n_p >= 2 ** 62:  # no room in one int64: group on the three
-        df = pd.DataFrame({"rank": r, "step": st, "phase": p, column: v})
-        out = df.groupby(["rank", "step", "phase"], sort=sort)[column].sum().reset_index()
-        return out.astype({"step": step.dtype})[cols]
-    key = ((r - r0) * n_s + (st - s0)) * n_p + p
-    sums = pd.Series(v).groupby(key, sort=sort).sum()
-    k = sums.index.to_numpy(np.int64)
-    return pd.DataFrame({"rank": k // (n_s * n_p) + r0, "step": ((k // n_p) % n_s + s0).astype(step.dtype),
-                         "phase": k % n_p, column: sums.to_numpy(np.int64)})
+    if (int(r.max()) - r0 + 1) * n_s * n_p >= 2 ** 62:  # no room in one int64: factorize the triples
+        codes, _ = pd.factorize(pd.MultiIndex.from_arrays([r, st, p]))
+    else:
+        codes, _ = pd.factorize(((r - r0) * n_s + (st - s0)) * n_p + p)
+    codes = np.asarray(codes, np.int64)
+    n = int(codes.max()) + 1
+    first = np.full(n, codes.size, np.int64)
+    np.minimum.at(first, codes, np.arange(codes.size))
+    own = x["ns"].to_numpy(np.int64)[keep]
+    pos = own > 0
+    sums = {}
+    for name, values, rows in (("excess_ns", x["excess_ns"].to_numpy(np.int64)[keep], None), ("ns", own, pos)):
+        out = np.zeros(n, np.int64)
+        np.add.at(out, codes if rows is None else codes[rows], values if rows is None else values[rows])
+        sums[name] = out
+    n_own = np.bincount(codes[pos], minlength=n).astype(np.int64)
+    return pd.DataFrame({"rank": r[first], "step": pd.Series(st[first]).astype(step.dtype).to_numpy(),
+                         "phase": p[first], "excess_ns": sums["excess_ns"], "ns": sums["ns"], "n_own": n_own})
 
 
-def _lateness(arrivals: pd.DataFrame, acc_excess: ph_mod.CodedExcess) -> pd.DataFrame:
+def _lateness(arrivals: pd.DataFrame, acc_excess: ph_mod.CodedExcess, per_step: pd.DataFrame | None = None
+              ) -> pd.DataFrame:
     g = arrivals.assign(_late_pos=arrivals["late_ns"].clip(lower=0)).groupby(["rank", "step"], sort=True)
     out = pd.DataFrame({
         "late_ns": g["_late_pos"].sum().astype("int64"),
@@ -594,7 +607,8 @@ def _lateness(arrivals: pd.DataFrame, acc_excess: ph_mod.CodedExcess) -> pd.Data
         "n_instances": g.size().astype("int64"),
     })
     if len(acc_excess.rows):
-        per = _step_phase_sums(acc_excess, "excess_ns", np.ones(len(acc_excess.rows), bool), sort=False)
+        per = per_step if per_step is not None else _step_phase_table(acc_excess)
+        per = per[["rank", "step", "phase", "excess_ns"]]
         top = _best(per, ["rank", "step"])
         out["top_cause"] = acc_excess.phase_names(top["phase"], "str").reindex(out.index) if len(top) else None
         out["top_cause_ns"] = (top["excess_ns"].reindex(out.index) if len(top) else np.nan)
@@ -612,10 +626,16 @@ def _lateness(arrivals: pd.DataFrame, acc_excess: ph_mod.CodedExcess) -> pd.Data
     return out.reset_index()[LATENESS_COLUMNS]
 
 
+def _last_of(arrivals: pd.DataFrame) -> pd.Series:
+    """Each instance's last arriver (rank by instance), read from two columns (the rows hold strings)."""
+    last = arrivals["is_last"].to_numpy(bool)
+    return pd.Series(arrivals["rank"].to_numpy()[last], name="rank",
+                     index=pd.Index(arrivals["instance"].to_numpy()[last], name="instance"))
+
+
 def _waited_for(arrivals: pd.DataFrame, by: list[str]) -> pd.Series:
     """Per group ``by``: the rank waited for longest (the last arriver of the instances waited at)."""
-    last_of = arrivals.loc[arrivals["is_last"].to_numpy(bool)].set_index("instance")["rank"]
-    w = arrivals[by + ["instance", "wait_ns"]].assign(last=arrivals["instance"].map(last_of))
+    w = arrivals[by + ["instance", "wait_ns"]].assign(last=arrivals["instance"].map(_last_of(arrivals)))
     w = w[(w["wait_ns"] > 0) & (w["last"] != w["rank"])]
     if not len(w):
         return pd.Series(dtype="float64")
