@@ -140,7 +140,7 @@ def _match(rows: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, int]:
     out = []
     unmatched = 0
     if has_seq.any():
-        s = rows[has_seq]
+        s = rows if has_seq.all() else rows[has_seq]
         kind, kinds = pd.factorize(s["source_kind"])
         prio = np.array([_PRIORITY.get(k, np.nan) for k in kinds] + [np.nan], dtype=np.float64)[kind]
         group, groups = pd.factorize(s["group"], sort=True)  # codes in the order of the names
@@ -150,20 +150,21 @@ def _match(rows: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, int]:
         rk, gr, sq = rank[order], group[order], seq[order]
         dup = np.r_[False, (rk[1:] == rk[:-1]) & (gr[1:] == gr[:-1]) & (sq[1:] == sq[:-1])]
         keep = order[~dup]
-        s = s.iloc[keep].copy()
+        s = s.iloc[keep]  # a new frame: its columns may be set
         keys = "seq|" + pd.Series(groups).astype(str)
         s["key"] = pd.Series(keys.array.take(group[keep]), index=s.index)
         s["match"] = "seq"
         s["_num"] = seq[keep]
         out.append(s)
-    o = rows[~has_seq].copy()
+    o = rows[~has_seq].copy() if not has_seq.all() else rows.iloc[:0]
     if len(o):
         o["key"] = _order_key(o).to_numpy()
         labeled, lost = _match_by_order(o, notes)
         unmatched += lost
         out.append(labeled)
-    matched = pd.concat(out, ignore_index=True) if out else rows.iloc[:0]
-    return matched, unmatched
+    if len(out) > 1:
+        return pd.concat(out, ignore_index=True), unmatched
+    return (out[0].reset_index(drop=True) if out else rows.iloc[:0]), unmatched
 
 
 def _match_by_order(o: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, int]:
