@@ -132,6 +132,53 @@ def test_phase_excess_counts_absent_peers_as_zero():
     assert got.loc[(3, "a"), "peer_ns"] == 20 and got.loc[(0, "a"), "peer_ns"] == 30  # medians of others
 
 
+def _naive_phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """phase_excess by its definition, one (window, rank, phase) at a time: the reference."""
+    n_of = windows["window"].value_counts().to_dict()
+    want = windows[rows]
+    ph = phases[phases["window"].isin(set(want["window"])) & (phases["ns"] > 0)]
+    phase_order = {p: i for i, p in enumerate(dict.fromkeys(ph["phase"]))}
+    out = []
+    for w, r in zip(want["window"], want["rank"]):
+        here = ph[ph["window"] == w]
+        for p in sorted(set(here["phase"]), key=phase_order.get):
+            mine = here[here["phase"] == p]
+            own = mine.loc[mine["rank"] == r, "ns"]
+            others = sorted(mine.loc[mine["rank"] != r, "ns"].tolist() + [0] * (n_of[w] - len(mine)))
+            if own.empty:  # the rank itself is one of the absent participants: one zero is its own
+                others = others[1:] if others and others[0] == 0 else others
+            lo, hi = (others[(len(others) - 1) // 2], others[len(others) // 2]) if others else (0, 0)
+            peer = lo + (hi - lo) // 2
+            first = mine.sort_values("ns", kind="stable").iloc[0]  # the smallest value's row names the category
+            ns = int(own.iloc[0]) if len(own) else 0
+            out.append((w, r, p, first["category"], ns, peer, ns - peer))
+    return pd.DataFrame(out, columns=ph_mod.EXCESS_COLUMNS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_phase_excess_matches_its_definition(seed, monkeypatch):
+    """Random windows (participants 1-5, some without a phase, ties, zero times) against the
+    one-at-a-time reference; blocks of 7 pair rows exercise the bounded-memory path."""
+    rng = np.random.default_rng(seed)
+    win_rows, ph_rows = [], []
+    for w in rng.permutation(12):
+        ranks = rng.choice(6, size=rng.integers(1, 6), replace=False)
+        for r in ranks:
+            win_rows.append((int(w), int(r)))
+            for p in rng.choice(["gc", "span_a", "span_b", "gpu:k", "wait:x"], size=rng.integers(0, 4), replace=False):
+                ph_rows.append((int(w), int(r), str(p), "gpu" if p == "gpu:k" else str(rng.choice(["span", "self"])),
+                                int(rng.choice([0, 5, 10, 10, 30, int(rng.integers(1, 100))]))))
+    windows = pd.DataFrame(win_rows, columns=["window", "rank"]).assign(start_ns=0, end_ns=1)
+    phases = pd.DataFrame(ph_rows, columns=ph_mod.PHASE_COLUMNS)
+    rows = rng.random(len(windows)) < 0.7
+    want = _naive_phase_excess(phases, windows, rows)
+    got = ph_mod.phase_excess(phases, windows, rows)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True).astype({"phase": object, "category": object}),
+                                  want.astype({"phase": object, "category": object}), check_dtype=False)
+    monkeypatch.setattr(ph_mod, "MAX_PAIR_ROWS", 7)
+    pd.testing.assert_frame_equal(ph_mod.phase_excess(phases, windows, rows), got)
+
+
 def test_every_rank_equally_slow_is_no_straggler():
     ev = dp_capture({(r, s): 5000 for r in range(3) for s in (1, 3)})
     per_rank, per_inst, _ = st.straggler_table(ev, step_table(ev))

@@ -119,13 +119,13 @@ def estimate_from_ranks(
     inst = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
     report = dict(inst.attrs.get("report", {}))
     tiers = {KERNEL: KERNEL_TIER, CPU_SPAN: CPU_TIER}
-    coinc = inst[inst["source_kind"].isin(list(tiers))]
+    coinc = inst["source_kind"].isin(list(tiers)).to_numpy(bool)  # only the columns read: never take the strings
     obs = pd.DataFrame({
-        "rank": coinc["rank"].to_numpy(dtype=np.int64),
-        "instance": coinc["instance"].to_numpy(dtype=np.int64),
-        "start_ns": coinc["start_ns"].to_numpy(dtype=np.int64),
-        "end_ns": coinc["end_ns"].to_numpy(dtype=np.int64),
-        "tier": coinc["source_kind"].map(tiers).to_numpy(dtype=np.int64),
+        "rank": inst["rank"].to_numpy(dtype=np.int64)[coinc],
+        "instance": inst["instance"].to_numpy(dtype=np.int64)[coinc],
+        "start_ns": inst["start_ns"].to_numpy(dtype=np.int64)[coinc],
+        "end_ns": inst["end_ns"].to_numpy(dtype=np.int64)[coinc],
+        "tier": _codes_map(inst["source_kind"][coinc], tiers),
     })
     ranks = [f.rank for f in prepared]
     windows = {f.rank: f.window for f in prepared}
@@ -183,6 +183,12 @@ def apply_alignment(
 
 
 __all__ = ["Alignment", "RANK_COLUMNS", "SOURCE_COLUMNS", "apply_alignment", "estimate", "estimate_alignment"]
+
+
+def _codes_map(col: pd.Series, mapping: dict) -> np.ndarray:
+    """``col.map(mapping)`` as int64 (every value mapped), each distinct value looked up once."""
+    codes, uniques = pd.factorize(col)
+    return np.array([mapping[u] for u in uniques], dtype=np.int64)[codes] if len(uniques) else np.empty(0, np.int64)
 
 
 def _same_clock_table(ranks: list[int], ref: int, t0_ns: int, obs: pd.DataFrame) -> pd.DataFrame:

@@ -129,9 +129,9 @@ def _shared(obs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _aligned(obs: pd.DataFrame, fits: dict[int, _RankFit], t0_ns: int) -> np.ndarray:
-    ranks = obs["rank"].to_numpy()
-    off = np.array([fits[r].offset_ns for r in ranks], dtype=np.int64)
-    drift = np.array([fits[r].drift_ppm for r in ranks], dtype=np.float64)
+    present, inverse = np.unique(obs["rank"].to_numpy(), return_inverse=True)  # each rank's fit looked up once
+    off = np.array([fits[r].offset_ns for r in present.tolist()], dtype=np.int64)[inverse.reshape(-1)]
+    drift = np.array([fits[r].drift_ppm for r in present.tolist()], dtype=np.float64)[inverse.reshape(-1)]
     return to_reference(obs["end_ns"].to_numpy(dtype=np.int64), off, drift, t0_ns)
 
 
@@ -181,7 +181,8 @@ def _fit(g: pd.DataFrame, target: np.ndarray, t0_ns: int, opts: SolveOptions) ->
     t = target[sel]
     x = (t - np.int64(t0_ns)).astype(np.float64)
     y = (end - t).astype(np.float64)
-    sigma = np.array([TIER_SIGMA_NS[v] for v in tier[sel]], dtype=np.float64)
+    tiers = np.unique(tier[sel])
+    sigma = np.array([TIER_SIGMA_NS[v] for v in tiers.tolist()], dtype=np.float64)[np.searchsorted(tiers, tier[sel])]
     prior = (TIER_SIGMA_NS[KERNEL_TIER] / sigma) ** 2
     if opts.fit_drift is None:
         drift = len(x) >= MIN_DRIFT_POINTS and np.ptp(x) >= opts.min_drift_span_ns

@@ -91,10 +91,14 @@ def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame 
         dropped_single=int((ok_complete & inside & kinds.isin(ARRIVAL_KINDS) & (n_ranks < 2)).sum()),
         instances_seen=total,
     )
-    rows = inst[inst["instance"].map(keep).to_numpy(dtype=bool)]
-    if not len(rows):
+    sel = np.flatnonzero(inst["instance"].map(keep).to_numpy(dtype=bool))
+    if not sel.size:
         return _empty(), report
-    rows = rows.sort_values(["instance", "start_ns", "rank"], kind="stable").reset_index(drop=True)
+    # sorted by instance, start, rank; only the columns read below are taken (the rest are strings)
+    sel = sel[np.lexsort(tuple(inst[c].to_numpy(np.int64)[sel] for c in ("rank", "start_ns", "instance")))]
+    cols = [c for c in ("instance", "rank", "start_ns", "end_ns", "key", "coll_name", "source_kind", "launch_ns")
+            if c in inst]
+    rows = inst[cols].take(sel).reset_index(drop=True)
     start = rows["start_ns"].to_numpy(np.int64)
     rank = rows["rank"].to_numpy(np.int64)
     # work window: from the exit of the rank's previous sync point (any collective of its groups,
@@ -162,19 +166,31 @@ def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
         own = np.maximum(own, inst["exit_ns"].astype("Int64").fillna(inst["end_ns"].astype("Int64"))
                          .to_numpy(np.int64))
     exits = inst.groupby("instance").agg(key=("key", "first"), end_ns=("end_ns", "median"))
-    exits["end_ns"] = exits["end_ns"].astype("int64")
-    inst = inst.assign(_own=np.minimum(own, inst["instance"].map(exits["end_ns"]).to_numpy(np.int64)))
-    by_key = {str(k): g for k, g in exits.groupby("key")}
-    out = {}
-    for r, mine in inst.groupby("rank"):
-        parts = [mine["_own"].to_numpy(np.int64)]
-        have = set(mine["instance"].tolist())
-        for k in set(map(str, mine["key"])):
-            g = by_key.get(k)
-            if g is not None:
-                parts.append(g.loc[~g.index.isin(have), "end_ns"].to_numpy(np.int64))
-        out[int(r)] = np.sort(np.concatenate(parts))
-    return out
+    ids, exit_end = exits.index.to_numpy(np.int64), exits["end_ns"].astype("int64").to_numpy(np.int64)
+    at = np.searchsorted(ids, inst["instance"].to_numpy(np.int64))  # each row's instance
+    own = np.minimum(own, exit_end[at])
+    # keys as codes (rows and instances alike; -1: none), ranks from 0
+    row_key, keys = pd.factorize(inst["key"].astype(str))
+    code_of = {k: i for i, k in enumerate(keys)}
+    exit_key = np.array([code_of.get(str(k), -1) if pd.notna(k) else -1 for k in exits["key"]], dtype=np.int64)
+    ranks, rank_at = np.unique(inst["rank"].to_numpy(np.int64), return_inverse=True)
+    rank_at = rank_at.reshape(-1)
+    n_ids, n_keys = np.int64(ids.size), np.int64(max(len(keys), 1))
+    # the instances of each key the rank takes part in that it does not have: released at the common exit
+    pairs = np.unique(rank_at[row_key >= 0] * n_keys + row_key[row_key >= 0])
+    by_key = np.argsort(exit_key, kind="stable")
+    sorted_keys = exit_key[by_key]
+    lo = np.searchsorted(sorted_keys, pairs % n_keys, side="left")
+    cnt = np.searchsorted(sorted_keys, pairs % n_keys, side="right") - lo
+    cand_rank = np.repeat(pairs // n_keys, cnt)
+    cand = by_key[np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()))]
+    missing = ~np.isin(cand_rank * n_ids + cand, rank_at * n_ids + at)
+    rank_of = np.concatenate([rank_at, cand_rank[missing]])
+    value = np.concatenate([own, exit_end[cand[missing]]])
+    order = np.lexsort((value, rank_of))
+    rank_of, value = rank_of[order], value[order]
+    bounds = np.searchsorted(rank_of, np.arange(ranks.size + 1))
+    return {int(r): value[bounds[i]:bounds[i + 1]] for i, r in enumerate(ranks.tolist())}
 
 
 def _host_sync_before(inst: pd.DataFrame, rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:

@@ -32,6 +32,8 @@ The host's own work is the same on every rank unless something is really slower.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -388,7 +390,75 @@ def _window_phases_grouped(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.Da
         category=("category", "first"), ns=("ns", "sum"))[PHASE_COLUMNS]
 
 
-MAX_BLOCK_ROWS = 200_000  # phase rows per block of windows: bounds the peak memory of DEP32 x 1000 steps
+MAX_PAIR_ROWS = 2_000_000  # (window, rank, phase) rows built at once: bounds the peak memory at DEP256
+
+
+@dataclass
+class CodedExcess:
+    """``phase_excess`` rows with ``phase`` and ``category`` as int64 codes into ``phases`` (the
+    names sorted: code order is name order) and ``categories`` (-1: no category). The driver groups
+    and sorts millions of these rows at DEP32 x 1000 steps: integers cost a fraction of strings."""
+
+    rows: pd.DataFrame  # EXCESS_COLUMNS, phase and category as codes
+    phases: np.ndarray  # object
+    categories: np.ndarray  # object
+
+    def frame(self) -> pd.DataFrame:
+        """The rows with their names (``phase_excess``'s table)."""
+        return self.rows.assign(phase=self.phase_names(self.rows["phase"]),
+                                category=self.category_names(self.rows["category"]))[EXCESS_COLUMNS]
+
+    def phase_names(self, codes: pd.Series, dtype="object") -> pd.Series:
+        """Names of phase codes (object: shared strings, never one object per row; ``"str"`` for
+        names that stand where a groupby on the names would have put its keys)."""
+        return pd.Series(self.phases[codes.to_numpy(np.int64)], index=codes.index, dtype=dtype)
+
+    def category_names(self, codes: pd.Series) -> pd.Series:
+        c = codes.to_numpy(np.int64)
+        names = np.append(self.categories, np.nan).astype(object)  # -1: the null category
+        return pd.Series(names[np.where(c < 0, names.size - 1, c)], index=codes.index, dtype=object)
+
+    def take(self, mask: np.ndarray) -> "CodedExcess":
+        return CodedExcess(self.rows[mask], self.phases, self.categories)
+
+    def causes_only(self) -> "CodedExcess":
+        """Rows that can be a cause (victim phases dropped: ``causes_only``)."""
+        victim_p = np.array([str(p).startswith(WAIT_PREFIXES) for p in self.phases], dtype=bool)
+        victim_c = np.append(np.array([c == ov.WAIT for c in self.categories], dtype=bool), False)
+        c = self.rows["category"].to_numpy(np.int64)
+        victim = victim_p[self.rows["phase"].to_numpy(np.int64)] | victim_c[np.where(c < 0, victim_c.size - 1, c)]
+        return self.take(~victim)
+
+
+def concat_excess(parts: list[CodedExcess]) -> CodedExcess:
+    """Coded excess tables of the same names, one after the other (a fresh index)."""
+    rows = [p.rows for p in parts]
+    out = pd.concat(rows, ignore_index=True) if len(rows) > 1 else rows[0].reset_index(drop=True)
+    return CodedExcess(out, parts[0].phases, parts[0].categories)
+
+
+def phase_codes(tables: list[pd.DataFrame]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """Phase and category codes of each ``window_phases`` table against names shared by all of them
+    (phases sorted, a null phase last; categories in order of appearance, -1 for none): each string
+    column is factorized once. Returns ``[(phase codes, category codes)]``, the phase and category names."""
+    coded = []
+    for t in tables:
+        p, pu = pd.factorize(t["phase"])
+        c, cu = pd.factorize(t["category"])
+        coded.append((np.asarray(p, np.int64), np.asarray(pu, dtype=object), np.asarray(c, np.int64),
+                      np.asarray(cu, dtype=object)))
+    names: list = sorted({str(x) for _, pu, _, _ in coded for x in pu})
+    if any((p < 0).any() for p, *_ in coded):
+        names.append(None)  # window_phases drops null phases: only a table made elsewhere has one
+    cats = list(dict.fromkeys(str(x) for *_, cu in coded for x in cu))
+    p_of = {x: i for i, x in enumerate(names)}
+    c_of = {x: i for i, x in enumerate(cats)}
+    out = []
+    for p, pu, c, cu in coded:
+        pmap = np.array([p_of[str(x)] for x in pu] + [len(names) - 1], dtype=np.int64)  # -1: the null phase
+        cmap = np.array([c_of[str(x)] for x in cu] + [-1], dtype=np.int64)  # -1 stays -1
+        out.append((pmap[p], cmap[c]))
+    return out, np.array(names, dtype=object), np.array(cats, dtype=object)
 
 
 def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
@@ -397,84 +467,105 @@ def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray |
     the excess. Every phase any participant had in that window is listed, negative excess too.
 
     ``windows``: every participant's window (``window, rank``); ``rows``: boolean mask over it of
-    the rows to explain (default: all). Vectorized: per (window, phase) the present values are
-    sorted once and the absent participants are zeros in front of them. Windows are independent,
-    so they are done in blocks of about ``MAX_BLOCK_ROWS`` phase rows (memory stays bounded at
-    DEP256), and the rows come out in the order of the wanted windows, then of the phases.
+    the rows to explain (default: all). Rows come out in the order of the wanted windows, then of
+    the phases' first appearance among the window's phase rows.
     """
+    [(p, c)], names, cats = phase_codes([phases])
+    return coded_phase_excess(phases, p, c, names, cats, windows, rows).frame()
+
+
+def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.ndarray, names: np.ndarray,
+                       categories: np.ndarray, windows: pd.DataFrame, rows: np.ndarray | None = None) -> CodedExcess:
+    """``phase_excess`` with the names as codes (``phase_codes``). Vectorized in numpy: the phase
+    rows are sorted once by (window, phase, ns) and every wanted (window, rank) meets the phases
+    of its window as a range of that order; per (window, phase) the absent participants are zeros
+    in front of the present values, and the median of the others is read at two positions."""
     want = windows if rows is None else windows[rows]
     if not len(phases) or not len(want):
-        return _empty(EXCESS_COLUMNS)
-    n_of = windows.groupby("window")["rank"].size()
-    ph = phases[phases["window"].isin(want["window"].unique()) & (phases["ns"] > 0)]
-    if not len(ph):
-        return _empty(EXCESS_COLUMNS)
-    p_codes, p_names = pd.factorize(ph["phase"])
-    c_codes, c_names = pd.factorize(ph["category"], use_na_sentinel=False)
-    ph = pd.DataFrame({"window": ph["window"].to_numpy(np.int64), "rank": ph["rank"].to_numpy(np.int64),
-                       "ns": ph["ns"].to_numpy(np.int64), "_p": p_codes, "_c": c_codes})
-    # names as shared Python objects (8 bytes a row), never one string object per row
-    names = (np.asarray(p_names, dtype=object), np.asarray(c_names, dtype=object))
-    want = pd.DataFrame({"window": want["window"].to_numpy(np.int64), "rank": want["rank"].to_numpy(np.int64),
-                         "_w": np.arange(len(want), dtype=np.int64)})
-    ids, counts = np.unique(ph["window"].to_numpy(np.int64), return_counts=True)
-    block_of = np.cumsum(counts) // MAX_BLOCK_ROWS
-    parts = []
-    for b in np.unique(block_of):
-        mine = ids[block_of == b]
-        parts.append(_excess_block(ph[ph["window"].isin(mine).to_numpy(bool)],
-                                   want[want["window"].isin(mine).to_numpy(bool)], n_of, names))
-    # each block is in (_w, _p) order; when the blocks follow each other in _w, so does their concat
-    ends = [(int(p["_w"].iloc[0]), int(p["_w"].iloc[-1])) for p in parts if len(p)]
-    ordered = all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))
-    if ordered:
-        parts = [p[EXCESS_COLUMNS] for p in parts]
-    out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    del parts
-    if not ordered:
-        out = out.sort_values(["_w", "_p"], kind="stable").reset_index(drop=True)
-    return out[EXCESS_COLUMNS]
-
-
-def _excess_block(ph: pd.DataFrame, want: pd.DataFrame, n_of: pd.Series,
-                  names: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
-    """``phase_excess`` of some whole windows (phase and category codes ``_p``, ``_c`` into
-    ``names``; ``_w`` kept for the order)."""
-    ph = ph.sort_values(["window", "_p", "ns"], kind="stable").reset_index(drop=True)
-    wv, pv = ph["window"].to_numpy(np.int64), ph["_p"].to_numpy(np.int64)
-    new = np.r_[True, (wv[1:] != wv[:-1]) | (pv[1:] != pv[:-1])]
-    first_of = np.flatnonzero(new)
+        return _empty_coded(names, categories)
+    w_ids, n_per = np.unique(windows["window"].to_numpy(np.int64), return_counts=True)
+    want_w = want["window"].to_numpy(np.int64)
+    pw = phases["window"].to_numpy(np.int64)
+    ns = phases["ns"].to_numpy(np.int64)
+    keep = np.isin(pw, want_w) & (ns > 0)
+    if not keep.any():
+        return _empty_coded(names, categories)
+    pw, ns, pr = pw[keep], ns[keep], phases["rank"].to_numpy(np.int64)[keep]
+    pc, cc = p_codes[keep], c_codes[keep]
+    # one stable sort by (window, phase in order of first appearance, ns), as one int64 key
+    seen = pd.unique(pc)
+    local = np.zeros(max(len(names), 1), np.int64)
+    local[seen] = np.arange(seen.size)
+    group_key = np.searchsorted(w_ids, pw) * np.int64(seen.size) + local[pc]  # every kept window has a row in windows
+    top = int(ns.max()) + 1
+    if int(group_key.max()) < np.iinfo(np.int64).max // top:
+        key = group_key * top + ns
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        group_key, ns = key // top, key % top
+    else:  # an int64 cannot hold both
+        order = np.lexsort((ns, group_key))
+        group_key, ns = group_key[order], ns[order]
+    pr = pr[order]
+    new = np.r_[True, group_key[1:] != group_key[:-1]]
+    g_first = np.flatnonzero(new)  # (window, phase) groups: first row, size, participants
     gid = np.cumsum(new) - 1
-    groups = pd.DataFrame({"gid": np.arange(first_of.size), "window": wv[first_of], "_p": pv[first_of],
-                           "_c": ph["_c"].to_numpy(np.int64)[first_of],
-                           "first": first_of, "k": np.diff(np.r_[first_of, len(ph)])})
-    groups["n"] = groups["window"].map(n_of).to_numpy(np.int64)
-    ph["gid"] = gid
-    ph["pos"] = np.arange(len(ph)) - first_of[gid]
-    pairs = want.merge(groups, on="window", how="inner")
-    own = pairs[["gid", "rank"]].merge(ph[["gid", "rank", "ns", "pos"]], on=["gid", "rank"], how="left")
-    n = pairs["n"].to_numpy(np.int64)
-    z = n - pairs["k"].to_numpy(np.int64)  # participants without the phase: zeros, sorted first
-    present = own["pos"].notna().to_numpy()
-    pos = np.where(present, z + own["pos"].fillna(0).to_numpy(np.int64), 0)
-    values = ph["ns"].to_numpy(np.int64)
-    first = pairs["first"].to_numpy(np.int64)
-    m = n - 1  # number of others
+    g_k = np.diff(np.r_[g_first, ns.size])
+    g_wcode = group_key[g_first] // np.int64(seen.size)
+    g_w = w_ids[g_wcode]
+    g_n = n_per[g_wcode]
+    g_p = seen[group_key[g_first] % np.int64(seen.size)]
+    g_c = cc[order[g_first]]
+    del order, group_key, new
+    pos_in = np.arange(ns.size) - g_first[gid]
+    span = int(max(pr.max(), want["rank"].to_numpy(np.int64).max())) + 1
+    own_key = gid * np.int64(span) + pr
+    by_key = np.argsort(own_key, kind="stable")
+    own_sorted = own_key[by_key]
+    # each wanted (window, rank) meets its window's groups, a contiguous range of them
+    want_r = want["rank"].to_numpy(np.int64)
+    lo = np.searchsorted(g_w, want_w, side="left")
+    cnt = np.searchsorted(g_w, want_w, side="right") - lo
+    parts = []
+    bounds = np.r_[0, np.cumsum(cnt)]
+    cut = np.searchsorted(bounds, np.arange(0, bounds[-1], MAX_PAIR_ROWS), side="right") - 1
+    for a, b in zip(cut, np.r_[cut[1:], want_w.size]):
+        if a >= b:
+            continue
+        k = cnt[a:b]
+        total = int(k.sum())
+        if not total:
+            continue
+        wi = np.repeat(np.arange(a, b), k)
+        g = np.repeat(lo[a:b] - np.cumsum(k) + k, k) + np.arange(total)
+        r = want_r[wi]
+        j = np.searchsorted(own_sorted, g * np.int64(span) + r)
+        j_ok = np.minimum(j, own_sorted.size - 1)
+        found = own_sorted[j_ok] == g * np.int64(span) + r
+        own_row = by_key[j_ok]
+        own_ns = np.where(found, ns[own_row], 0)
+        n = g_n[g]
+        z = n - g_k[g]  # participants without the phase: zeros, sorted first
+        pos = np.where(found, z + pos_in[own_row], 0)
+        first_row = g_first[g]
+        m = n - 1  # number of others
 
-    def other_at(i: np.ndarray) -> np.ndarray:  # i-th smallest of the others (the row itself skipped)
-        j = np.minimum(i + (i >= pos), n - 1)
-        return np.where(j >= z, values[np.clip(first + j - z, 0, values.size - 1)], 0)
+        def other_at(i: np.ndarray) -> np.ndarray:  # i-th smallest of the others (the row itself skipped)
+            jj = np.minimum(i + (i >= pos), n - 1)
+            return np.where(jj >= z, ns[np.clip(first_row + jj - z, 0, ns.size - 1)], 0)
 
-    lo, hi = other_at(np.maximum((m - 1) // 2, 0)), other_at(np.maximum(m // 2, 0))
-    peer = np.where(m > 0, lo + (hi - lo) // 2, 0)
-    out = pd.DataFrame({"window": pairs["window"].to_numpy(np.int64), "rank": pairs["rank"].to_numpy(np.int64),
-                        # object, not pandas 3's inferred Arrow strings: millions of rows are taken and sorted
-                        "phase": pd.Series(names[0][pairs["_p"].to_numpy(np.int64)], dtype=object),
-                        "category": pd.Series(names[1][pairs["_c"].to_numpy(np.int64)], dtype=object),
-                        "ns": own["ns"].fillna(0).to_numpy(np.int64), "peer_ns": peer.astype(np.int64)})
-    out["excess_ns"] = out["ns"] - out["peer_ns"]
-    out["_w"], out["_p"] = pairs["_w"].to_numpy(np.int64), pairs["_p"].to_numpy(np.int64)
-    return out
+        lo_v, hi_v = other_at(np.maximum((m - 1) // 2, 0)), other_at(np.maximum(m // 2, 0))
+        peer = np.where(m > 0, lo_v + (hi_v - lo_v) // 2, 0).astype(np.int64)
+        parts.append(pd.DataFrame({"window": g_w[g], "rank": r, "phase": g_p[g], "category": g_c[g],
+                                   "ns": own_ns.astype(np.int64), "peer_ns": peer, "excess_ns": own_ns - peer}))
+    if not parts:
+        return _empty_coded(names, categories)
+    out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return CodedExcess(out[EXCESS_COLUMNS], names, categories)
+
+
+def _empty_coded(names: np.ndarray, categories: np.ndarray) -> CodedExcess:
+    return CodedExcess(_empty(EXCESS_COLUMNS).astype({"phase": "int64", "category": "int64"}), names, categories)
 
 
 def causes_only(excess: pd.DataFrame) -> pd.DataFrame:

@@ -215,31 +215,36 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     # why each late arrival: its host's work since the hosts last synchronized, or for an arrival
     # its GPU set, its GPU's work since the previous collective; against the same on the peers
     host_w, gpu_w = plan.host_w, plan.gpu_w
-    host_x = ph_mod.causes_only(ph_mod.phase_excess(phases.host, host_w, explain & ~gated))
+    # phase names as integer codes shared by the three tables: the rows below are grouped by phase
+    (host_c, gpu_c, acc_c), names, cats = ph_mod.phase_codes([phases.host, phases.gpu, phases.acc])
+    host_x = ph_mod.coded_phase_excess(phases.host, *host_c, names, cats, host_w, explain & ~gated).causes_only()
     phases.host = None  # consumed: at DEP32 x 1000 steps each table is millions of rows
-    gpu_x = ph_mod.phase_excess(phases.gpu, gpu_w)  # every GPU window
+    gpu_x = ph_mod.coded_phase_excess(phases.gpu, *gpu_c, names, cats, gpu_w)  # every GPU window
     phases.gpu = None
     wanted = arrivals.loc[explain & gated, ["instance", "rank"]]
     if len(wanted):
-        span = int(max(arrivals["rank"].max(), gpu_x["rank"].max() if len(gpu_x) else 0)) + 1
-        key = gpu_x["window"].to_numpy(np.int64) * span + gpu_x["rank"].to_numpy(np.int64)
+        gx = gpu_x.rows
+        span = int(max(arrivals["rank"].max(), gx["rank"].max() if len(gx) else 0)) + 1
+        key = gx["window"].to_numpy(np.int64) * span + gx["rank"].to_numpy(np.int64)
         pick = np.isin(key, wanted["instance"].to_numpy(np.int64) * span + wanted["rank"].to_numpy(np.int64))
-        why = pd.concat([host_x, ph_mod.causes_only(gpu_x[pick])], ignore_index=True)
+        why = ph_mod.concat_excess([host_x, gpu_x.take(pick).causes_only()])
     else:
-        why = host_x.reset_index(drop=True)
+        why = ph_mod.concat_excess([host_x])
     # what each rank spent beyond its peers, each instant counted once: its host timeline cut at
     # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
     acc_step = dict(plan.acc_step)
-    acc_x = ph_mod.causes_only(ph_mod.phase_excess(phases.acc, plan.acc_w))
+    acc_x = ph_mod.coded_phase_excess(phases.acc, *acc_c, names, cats, plan.acc_w).causes_only()
     phases.acc = None
-    acc_x = pd.concat([acc_x[acc_x["category"] != ph_mod.GPU_CATEGORY], gpu_x], ignore_index=True)
+    host_only = acc_x.rows["category"].to_numpy(np.int64) != _category_code(acc_x, ph_mod.GPU_CATEGORY)
+    acc_x = ph_mod.concat_excess([acc_x.take(host_only), gpu_x])
     acc_step.update(_instance_steps(arrivals).to_dict())
     per_rank = _per_rank(plan.ranks, arrivals, steps, extents, acc_x, report)
     matched = plan.matched if plan.matched is not None else _match(plan.instances)
     per_inst = _per_instance(arrivals, why, matched)
-    acc_x = acc_x.assign(step=acc_x["window"].map(acc_step))
-    lateness = _lateness(arrivals, acc_x)
-    plan.phase_steps = _phase_steps(acc_x)
+    acc_x.rows = acc_x.rows.assign(step=_map_ids(acc_x.rows["window"], acc_step))
+    per_step = _step_phase_table(acc_x)
+    lateness = _lateness(arrivals, acc_x, per_step)
+    plan.phase_steps = _phase_steps(acc_x, per_step)
     per_rank.attrs["report"] = report
     return per_rank, per_inst, lateness
 
@@ -317,8 +322,29 @@ def _instance_steps(arrivals: pd.DataFrame) -> pd.Series:
 
 
 # ---- tables --------------------------------------------------------------------------------
+def _category_code(excess: ph_mod.CodedExcess, name: str) -> int:
+    """The code of a category name in ``excess`` (-2, matching no row, when absent)."""
+    hit = np.flatnonzero(excess.categories == name)
+    return int(hit[0]) if hit.size else -2
+
+
+def _map_ids(ids: pd.Series, mapping: dict[int, int]) -> pd.Series:
+    """``ids.map(mapping)`` for integer ids and values, through a sorted array (millions of rows):
+    int64 when every id is mapped, else float64 with NaN where one is not, as ``Series.map``."""
+    keys = np.fromiter(mapping.keys(), np.int64, len(mapping))
+    values = np.fromiter(mapping.values(), np.int64, len(mapping))
+    order = np.argsort(keys)
+    keys, values = keys[order], values[order]
+    v = ids.to_numpy(np.int64)
+    j = np.minimum(np.searchsorted(keys, v), max(keys.size - 1, 0))
+    found = keys[j] == v if keys.size else np.zeros(v.size, bool)
+    if found.all():
+        return pd.Series(values[j], index=ids.index, dtype="int64")
+    return pd.Series(np.where(found, values[j] if keys.size else 0, np.nan), index=ids.index, dtype="float64")
+
+
 def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | None, extents: pd.DataFrame,
-              acc_excess: pd.DataFrame, report: dict) -> pd.DataFrame:
+              acc_excess: ph_mod.CodedExcess, report: dict) -> pd.DataFrame:
     out = pd.DataFrame({"rank": np.asarray(ranks, np.int64)}).set_index("rank")
     g = arrivals.groupby("rank")
     out["n_instances"] = g.size().reindex(out.index).fillna(0).astype("int64")
@@ -332,8 +358,7 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     # whom the rank waited for most (its wait at instances, by their last arriver): a victim's
     # line reads "waiting for rank k", as its causes do
     whom = _waited_for(arrivals, ["rank"])
-    last_of = arrivals.loc[arrivals["is_last"].to_numpy(bool)].set_index("instance")["rank"]
-    waited = arrivals.assign(last=arrivals["instance"].map(last_of))
+    waited = arrivals[["rank", "wait_ns"]].assign(last=arrivals["instance"].map(_last_of(arrivals)))
     waited = waited[waited["last"].to_numpy() == waited["rank"].map(whom).to_numpy()]
     out["waited_for_rank"] = whom.reindex(out.index).astype("Int64")
     out["waited_for_ns"] = waited.groupby("rank")["wait_ns"].sum().reindex(out.index).fillna(0).astype("int64")
@@ -349,9 +374,11 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     significant = out["excess_z"] >= MIN_EXCESS_Z
     dominant = (out["caused_wait_share"] >= MIN_EXCESS_SHARE) & (out["caused_wait_ns"] >= DOMINANT_WAIT_RATIO * others_max)
     out["straggler"] = ((out["excess_share"] >= MIN_EXCESS_SHARE) & (significant | dominant)).fillna(False)
-    is_gpu = acc_excess["category"].to_numpy(dtype=object) == ph_mod.GPU_CATEGORY
+    acc = acc_excess.rows
+    is_gpu = acc["category"].to_numpy(np.int64) == _category_code(acc_excess, ph_mod.GPU_CATEGORY)
+    acc_rank, acc_ns = acc["rank"].to_numpy(np.int64), acc["excess_ns"].to_numpy(np.int64)
     for col, mask in (("host_excess_ns", ~is_gpu), ("gpu_excess_ns", is_gpu)):
-        part = acc_excess[mask].groupby("rank")["excess_ns"].sum()
+        part = pd.Series(acc_ns[mask]).groupby(acc_rank[mask]).sum()
         out[col] = part.reindex(out.index).fillna(0).astype("int64")
     top = _top_causes(acc_excess)
     for c in ("top_cause", "top_cause_ns", "top_cause_category", "second_cause", "second_cause_ns"):
@@ -436,23 +463,37 @@ def _lower_scale(v: np.ndarray) -> float:
     return float((q40 - q10) / 1.0283)
 
 
-def _top_causes(excess: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: the phases with the largest summed excess (first and second), if positive."""
-    if not len(excess):
+def _top_causes(excess: ph_mod.CodedExcess) -> pd.DataFrame:
+    """Per rank: the phases with the largest summed excess (first and second), if positive; the
+    category is the first row's of the (rank, phase). Grouped on one integer key (rank, phase code)."""
+    rows = excess.rows
+    if not len(rows):
         return pd.DataFrame()
-    tot = excess.groupby(["rank", "phase"], sort=False).agg(ns=("excess_ns", "sum"), category=("category", "first"))
-    tot = tot.reset_index().sort_values(["rank", "ns", "phase"], ascending=[True, False, True], kind="stable")
-    tot = tot[tot["ns"] > 0]
-    first = tot.groupby("rank").nth(0).set_index("rank")
-    second = tot.groupby("rank").nth(1).set_index("rank")
+    v = np.int64(max(len(excess.phases), 1))
+    cat = rows["category"]
+    tot = pd.DataFrame({"key": rows["rank"].to_numpy(np.int64) * v + rows["phase"].to_numpy(np.int64),
+                        "ns": rows["excess_ns"].to_numpy(np.int64),
+                        "category": cat.to_numpy(np.int64) if not (cat < 0).any() else cat.where(cat >= 0).to_numpy()})
+    tot = tot.groupby("key", sort=True).agg(ns=("ns", "sum"), category=("category", "first"))
+    tot = tot[tot["ns"].to_numpy() > 0]
+    rank, phase, ns = tot.index.to_numpy(np.int64) // v, tot.index.to_numpy(np.int64) % v, tot["ns"].to_numpy(np.int64)
+    order = np.lexsort((phase, -ns, rank))  # by rank, largest excess first, then name (codes are in name order)
+    rank, phase, ns, cat = rank[order], phase[order], ns[order], tot["category"].to_numpy()[order]
+    start = np.r_[True, rank[1:] != rank[:-1]] if rank.size else np.zeros(0, bool)
+    second = np.r_[False, start[:-1] & ~start[1:]] if rank.size else np.zeros(0, bool)
+    idx = pd.Index(rank[start], name="rank")
+    sec = pd.Index(rank[second], name="rank")
+    cat_codes = pd.Series(cat[start]).fillna(-1).to_numpy(np.int64)
     return pd.DataFrame({
-        "top_cause": first["phase"], "top_cause_ns": first["ns"].astype("int64"),
-        "top_cause_category": first["category"],
-        "second_cause": second["phase"].reindex(first.index), "second_cause_ns": second["ns"].reindex(first.index),
+        "top_cause": excess.phase_names(pd.Series(phase[start], index=idx), "str"),
+        "top_cause_ns": pd.Series(ns[start], index=idx, dtype="int64"),
+        "top_cause_category": excess.category_names(pd.Series(cat_codes, index=idx)),
+        "second_cause": excess.phase_names(pd.Series(phase[second], index=sec), "str").reindex(idx),
+        "second_cause_ns": pd.Series(ns[second], index=sec, dtype="int64").reindex(idx),
     })
 
 
-def _per_instance(arrivals: pd.DataFrame, excess: pd.DataFrame, matched: pd.DataFrame | None) -> pd.DataFrame:
+def _per_instance(arrivals: pd.DataFrame, excess: ph_mod.CodedExcess, matched: pd.DataFrame | None) -> pd.DataFrame:
     a = arrivals.sort_values(["instance", "start_ns", "rank"], kind="stable")
     g = a.groupby("instance", sort=True)
     first, last = g.head(1).set_index("instance"), g.tail(1).set_index("instance")
@@ -471,15 +512,23 @@ def _per_instance(arrivals: pd.DataFrame, excess: pd.DataFrame, matched: pd.Data
             out[c] = m[c].reindex(out.index) if c in m else None
     else:
         out["group"], out["seq"], out["end_spread_ns"] = None, None, None
-    top = _best(excess.merge(last[["rank"]].reset_index().rename(columns={"instance": "window"}),
-                             on=["window", "rank"]), "window") if len(excess) else pd.DataFrame()
-    out["top_cause"] = top["phase"].reindex(out.index) if len(top) else None
+    top = _best(_last_rows(excess.rows, last["rank"]), "window") if len(excess.rows) else pd.DataFrame()
+    out["top_cause"] = excess.phase_names(top["phase"]).reindex(out.index) if len(top) else None
     out["top_cause_ns"] = (top["excess_ns"].reindex(out.index) if len(top) else pd.Series(index=out.index,
                                                                                            dtype="float64")).astype("Int64")
     out = out.reset_index()
     for c in ("seq", "end_spread_ns"):
         out[c] = out[c].astype("Int64")
     return out[INSTANCE_COLUMNS]
+
+
+def _last_rows(excess: pd.DataFrame, last_rank: pd.Series) -> pd.DataFrame:
+    """The rows of each window's last arriver (``last_rank``: per instance, sorted), in their order."""
+    ids, last = last_rank.index.to_numpy(np.int64), last_rank.to_numpy(np.int64)
+    w = excess["window"].to_numpy(np.int64)
+    j = np.minimum(np.searchsorted(ids, w), max(ids.size - 1, 0))
+    hit = (ids[j] == w) & (last[j] == excess["rank"].to_numpy(np.int64)) if ids.size else np.zeros(w.size, bool)
+    return excess[hit]
 
 
 def _best(excess: pd.DataFrame, by) -> pd.DataFrame:
@@ -494,21 +543,59 @@ def _best(excess: pd.DataFrame, by) -> pd.DataFrame:
 PHASE_STEP_COLUMNS = ["rank", "step", "cause", "ns"]
 
 
-def _phase_steps(acc_excess: pd.DataFrame) -> pd.DataFrame:
+def _phase_steps(acc_excess: ph_mod.CodedExcess | None, per_step: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (rank, step, phase): the rank's own time in the phase in the windows of that step (its
     work since its previous sync point, up to each arrival of the step; waits are not phases).
     Episodes read their causes here: a GC at the end of step k makes the rank late at step k+1's
-    sync, and the window of that sync holds it."""
-    if acc_excess is None or not len(acc_excess):
+    sync, and the window of that sync holds it. ``per_step``: ``_step_phase_table`` of ``acc_excess``."""
+    if acc_excess is None or not len(acc_excess.rows):
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
                              "cause": pd.Series(dtype=object), "ns": pd.Series(dtype="int64")})
-    x = acc_excess[(acc_excess["ns"] > 0).to_numpy(bool) & acc_excess["step"].notna().to_numpy(bool)]
-    g = x.groupby(["rank", "step", "phase"], sort=True)["ns"].sum().reset_index()
-    g = g.rename(columns={"phase": "cause"}).astype({"rank": "int64", "step": "int64", "ns": "int64"})
-    return g[PHASE_STEP_COLUMNS]
+    g = per_step if per_step is not None else _step_phase_table(acc_excess)
+    g = g[g["n_own"].to_numpy() > 0]
+    g = g.take(np.lexsort((g["phase"].to_numpy(), g["step"].to_numpy(), g["rank"].to_numpy())))  # codes sort as names
+    g = pd.DataFrame({"rank": g["rank"].to_numpy(np.int64), "step": g["step"].to_numpy().astype(np.int64),
+                      "cause": acc_excess.phase_names(g["phase"], "str").to_numpy(), "ns": g["ns"].to_numpy(np.int64)})
+    return g.astype({"cause": "str"})[PHASE_STEP_COLUMNS]
 
 
-def _lateness(arrivals: pd.DataFrame, acc_excess: pd.DataFrame) -> pd.DataFrame:
+def _step_phase_table(excess: ph_mod.CodedExcess) -> pd.DataFrame:
+    """Per (rank, step, phase code) of the rows with a step, in order of first appearance (as
+    ``groupby([...], sort=False)`` orders them): the summed ``excess_ns``, the summed own time
+    ``ns`` of the rows with ns > 0 and how many those are (``n_own``). One factorization of one
+    int64 key serves both the lateness and the phase steps (millions of rows at DEP32 x 1000)."""
+    x = excess.rows
+    step = x["step"]
+    keep = step.notna().to_numpy(bool)
+    r, p = x["rank"].to_numpy(np.int64)[keep], x["phase"].to_numpy(np.int64)[keep]
+    st = step.to_numpy()[keep].astype(np.int64)
+    cols = {"rank": r[:0], "step": st[:0], "phase": p[:0], "excess_ns": r[:0], "ns": r[:0], "n_own": r[:0]}
+    if not r.size:
+        return pd.DataFrame(cols).astype({"step": step.dtype})
+    r0, s0 = int(r.min()), int(st.min())
+    n_s, n_p = int(st.max()) - s0 + 1, max(len(excess.phases), 1)
+    if (int(r.max()) - r0 + 1) * n_s * n_p >= 2 ** 62:  # no room in one int64: factorize the triples
+        codes, _ = pd.factorize(pd.MultiIndex.from_arrays([r, st, p]))
+    else:
+        codes, _ = pd.factorize(((r - r0) * n_s + (st - s0)) * n_p + p)
+    codes = np.asarray(codes, np.int64)
+    n = int(codes.max()) + 1
+    first = np.full(n, codes.size, np.int64)
+    np.minimum.at(first, codes, np.arange(codes.size))
+    own = x["ns"].to_numpy(np.int64)[keep]
+    pos = own > 0
+    sums = {}
+    for name, values, rows in (("excess_ns", x["excess_ns"].to_numpy(np.int64)[keep], None), ("ns", own, pos)):
+        out = np.zeros(n, np.int64)
+        np.add.at(out, codes if rows is None else codes[rows], values if rows is None else values[rows])
+        sums[name] = out
+    n_own = np.bincount(codes[pos], minlength=n).astype(np.int64)
+    return pd.DataFrame({"rank": r[first], "step": pd.Series(st[first]).astype(step.dtype).to_numpy(),
+                         "phase": p[first], "excess_ns": sums["excess_ns"], "ns": sums["ns"], "n_own": n_own})
+
+
+def _lateness(arrivals: pd.DataFrame, acc_excess: ph_mod.CodedExcess, per_step: pd.DataFrame | None = None
+              ) -> pd.DataFrame:
     g = arrivals.assign(_late_pos=arrivals["late_ns"].clip(lower=0)).groupby(["rank", "step"], sort=True)
     out = pd.DataFrame({
         "late_ns": g["_late_pos"].sum().astype("int64"),
@@ -519,10 +606,11 @@ def _lateness(arrivals: pd.DataFrame, acc_excess: pd.DataFrame) -> pd.DataFrame:
         "wait_ns": g["wait_ns"].sum().astype("int64"),
         "n_instances": g.size().astype("int64"),
     })
-    if len(acc_excess):
-        per = acc_excess.groupby(["rank", "step", "phase"], sort=False)["excess_ns"].sum().reset_index()
+    if len(acc_excess.rows):
+        per = per_step if per_step is not None else _step_phase_table(acc_excess)
+        per = per[["rank", "step", "phase", "excess_ns"]]
         top = _best(per, ["rank", "step"])
-        out["top_cause"] = top["phase"].reindex(out.index) if len(top) else None
+        out["top_cause"] = acc_excess.phase_names(top["phase"], "str").reindex(out.index) if len(top) else None
         out["top_cause_ns"] = (top["excess_ns"].reindex(out.index) if len(top) else np.nan)
     else:
         out["top_cause"], out["top_cause_ns"] = None, np.nan
@@ -538,10 +626,16 @@ def _lateness(arrivals: pd.DataFrame, acc_excess: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()[LATENESS_COLUMNS]
 
 
+def _last_of(arrivals: pd.DataFrame) -> pd.Series:
+    """Each instance's last arriver (rank by instance), read from two columns (the rows hold strings)."""
+    last = arrivals["is_last"].to_numpy(bool)
+    return pd.Series(arrivals["rank"].to_numpy()[last], name="rank",
+                     index=pd.Index(arrivals["instance"].to_numpy()[last], name="instance"))
+
+
 def _waited_for(arrivals: pd.DataFrame, by: list[str]) -> pd.Series:
     """Per group ``by``: the rank waited for longest (the last arriver of the instances waited at)."""
-    last_of = arrivals.loc[arrivals["is_last"].to_numpy(bool)].set_index("instance")["rank"]
-    w = arrivals[by + ["instance", "wait_ns"]].assign(last=arrivals["instance"].map(last_of))
+    w = arrivals[by + ["instance", "wait_ns"]].assign(last=arrivals["instance"].map(_last_of(arrivals)))
     w = w[(w["wait_ns"] > 0) & (w["last"] != w["rank"])]
     if not len(w):
         return pd.Series(dtype="float64")
@@ -558,8 +652,9 @@ def _match(instances: pd.DataFrame) -> pd.DataFrame | None:
     return match_instances(instances)
 
 
-def _empty_excess() -> pd.DataFrame:
-    return ph_mod._empty(ph_mod.EXCESS_COLUMNS)
+def _empty_excess() -> ph_mod.CodedExcess:
+    rows = ph_mod._empty(ph_mod.EXCESS_COLUMNS).astype({"phase": "int64", "category": "int64"})
+    return ph_mod.CodedExcess(rows, np.empty(0, dtype=object), np.empty(0, dtype=object))
 
 
 def _empty(columns: list[str]) -> pd.DataFrame:

@@ -54,18 +54,16 @@ def sync_point_table(instances: pd.DataFrame | None, matched: pd.DataFrame | Non
     if instances is None or not len(instances):
         return empty_table(SYNC_COLUMNS)
     df = instances
-    arrive = (df["arrive_ns"] if "arrive_ns" in df else df["start_ns"]).astype("Int64").fillna(
-        df["start_ns"].astype("Int64")).astype("int64")
-    exit_ = (df["exit_ns"] if "exit_ns" in df else df["end_ns"]).astype("Int64").fillna(
-        df["end_ns"].astype("Int64")).astype("int64")
-    span_start = (df["span_start_ns"] if "span_start_ns" in df else df["host_start_ns"]).astype("Int64")
+    arrive = _filled(df["arrive_ns"] if "arrive_ns" in df else df["start_ns"], df["start_ns"])
+    exit_ = _filled(df["exit_ns"] if "exit_ns" in df else df["end_ns"], df["end_ns"])
+    span_start = df["span_start_ns"] if "span_start_ns" in df else df["host_start_ns"]
     out = pd.DataFrame({
         "instance": df["instance"].astype("int64"), "rank": df["rank"].astype("int64"),
         "key": df["key"].astype(str), "coll_name": df["coll_name"].astype(object),
         "source_kind": df["source_kind"].astype(str),
         "evidence": (df["evidence"] if "evidence" in df else pd.Series(None, index=df.index)).astype(object),
         "span_name": (df["span_name"] if "span_name" in df else df["name"]).astype(object),
-        "span_start_ns": span_start.fillna(arrive).astype("int64"),
+        "span_start_ns": _filled(span_start, arrive),
         "arrive_ns": arrive, "exit_ns": np.maximum(exit_, arrive), "end_ns": df["end_ns"].astype("int64"),
         "complete": df["complete"].astype(bool) if "complete" in df else True,
         "pid": df["pid"].astype("Int64"), "tid": df["tid"].astype("Int64"),
@@ -74,14 +72,31 @@ def sync_point_table(instances: pd.DataFrame | None, matched: pd.DataFrame | Non
     out.loc[out["evidence"].isna() & (kinds == "kernel"), "evidence"] = COLLECTIVE_KERNEL
     out.loc[out["evidence"].isna() & (kinds == "launch_span"), "evidence"] = COLLECTIVE_LAUNCH
     out["blocked_ns"] = out["exit_ns"] - out["arrive_ns"]
-    srt = out.sort_values(["instance", "arrive_ns", "rank"], ascending=[True, False, True], kind="stable")
-    last = srt.groupby("instance", sort=False).head(1).set_index("instance")
-    out["last_rank"] = out["instance"].map(last["rank"]).astype("int64")
-    out["last_arrive_ns"] = out["instance"].map(last["arrive_ns"]).astype("int64")
+    # the last arriver: latest arrival, lowest rank on a tie
+    iid, arr, rank = (out[c].to_numpy(np.int64) for c in ("instance", "arrive_ns", "rank"))
+    srt = np.lexsort((rank, -arr, iid))
+    heads = srt[np.r_[True, iid[srt][1:] != iid[srt][:-1]]]  # per instance, ascending
+    at = np.searchsorted(iid[heads], iid)
+    out["last_rank"] = rank[heads][at]
+    out["last_arrive_ns"] = arr[heads][at]
     if matched is not None and len(matched) and "last_rank" in matched:
         # the straggler analysis' last arriver (same rule: latest start; start = arrival)
         lr = matched.drop_duplicates("instance").set_index("instance")["last_rank"]
         got = out["instance"].map(lr)
         out["last_rank"] = got.fillna(out["last_rank"]).astype("int64")
     out["is_last"] = out["rank"] == out["last_rank"]
-    return out.sort_values(["instance", "rank"], kind="stable").reset_index(drop=True)[SYNC_COLUMNS]
+    if not _sorted_by(iid, rank):  # instance tables come sorted by (instance, rank): no take then
+        out = out.sort_values(["instance", "rank"], kind="stable")
+    return out.reset_index(drop=True)[SYNC_COLUMNS]
+
+
+def _filled(col: pd.Series, fallback: pd.Series) -> pd.Series:
+    """``col`` as int64, nulls filled from ``fallback`` (an int64 column has none: kept as it is)."""
+    if col.dtype == np.int64:
+        return col
+    return col.astype("Int64").fillna(fallback.astype("Int64")).astype("int64")
+
+
+def _sorted_by(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether rows are in (major, minor) order."""
+    return bool(np.all((major[1:] > major[:-1]) | ((major[1:] == major[:-1]) & (minor[1:] >= minor[:-1]))))

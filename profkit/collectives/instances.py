@@ -75,11 +75,17 @@ def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
     """
     if inst.empty:
         return pd.DataFrame(columns=MATCH_COLUMNS)
-    df = inst.sort_values(["instance", "start_ns", "rank"], kind="stable")
-    g = df.groupby("instance", sort=True)
-    first = g.head(1).set_index("instance")
-    last = df.sort_values(["instance", "start_ns", "rank"], ascending=[True, False, True], kind="stable")
-    last = last.groupby("instance", sort=True).head(1).set_index("instance")
+    iid = inst["instance"].to_numpy(np.int64)
+    start, rank = inst["start_ns"].to_numpy(np.int64), inst["rank"].to_numpy(np.int64)
+    # rows by (instance, start, rank): each instance's first arrival heads its run; the last one
+    # heads it when sorted by start descending (rank ascending on ties), as before
+    order = np.lexsort((rank, start, iid))
+    heads = np.flatnonzero(np.r_[True, iid[order][1:] != iid[order][:-1]])
+    first_rows, last_rows = order[heads], np.lexsort((rank, -start, iid))[heads]
+    index = pd.Index(iid[first_rows], name="instance")
+    first = inst[["group", "seq", "coll_name", "source_kind", "key", "n_participants", "complete"]]
+    first = first.take(first_rows).set_axis(index)
+    end = inst["end_ns"].to_numpy(np.int64)[order]
     out = pd.DataFrame({
         "group": first["group"],
         "seq": first["seq"],
@@ -87,15 +93,15 @@ def match_instances(inst: pd.DataFrame) -> pd.DataFrame:
         "source_kind": first["source_kind"],
         "key": first["key"],
         "n_participants": first["n_participants"],
-        "n_present": g["rank"].size(),
+        "n_present": pd.Series(np.diff(np.r_[heads, order.size]).astype(np.int64), index=index),
         "complete": first["complete"],
-        "ranks": _rank_tuples(df, first.index),
-        "first_start_ns": first["start_ns"].astype("int64"),
-        "first_rank": first["rank"].astype("int64"),
-        "last_start_ns": last["start_ns"].astype("int64"),
-        "last_rank": last["rank"].astype("int64"),
-        "first_end_ns": g["end_ns"].min().astype("int64"),
-        "last_end_ns": g["end_ns"].max().astype("int64"),
+        "ranks": _rank_tuples(inst, index),
+        "first_start_ns": pd.Series(start[first_rows], index=index),
+        "first_rank": pd.Series(rank[first_rows], index=index),
+        "last_start_ns": pd.Series(start[last_rows], index=index),
+        "last_rank": pd.Series(rank[last_rows], index=index),
+        "first_end_ns": pd.Series(np.minimum.reduceat(end, heads), index=index),
+        "last_end_ns": pd.Series(np.maximum.reduceat(end, heads), index=index),
     })
     out["arrival_skew_ns"] = out["last_start_ns"] - out["first_start_ns"]
     out["end_spread_ns"] = out["last_end_ns"] - out["first_end_ns"]
@@ -128,45 +134,51 @@ def _order_key(rows: pd.DataFrame) -> pd.Series:
 
 
 def _match(rows: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, int]:
-    """Give every candidate row an instance label; drop rows no other rank could be matched to."""
-    rows = rows.copy()
+    """Give every candidate row an instance label, (``key``, ``_num``): its sequence number, or its
+    index in the key's anchor sequence; drop rows no other rank could be matched to."""
     has_seq = rows["seq"].notna().to_numpy(dtype=bool) & rows["group"].notna().to_numpy(dtype=bool)
     out = []
     unmatched = 0
     if has_seq.any():
-        s = rows[has_seq].copy()
-        s["_prio"] = s["source_kind"].map(_PRIORITY)
-        s = s.sort_values(["rank", "group", "seq", "_prio"], kind="stable")
-        dup = s.duplicated(["rank", "group", "seq"])
-        s = s[~dup].drop(columns="_prio")
-        s["key"] = "seq|" + s["group"].astype(str)
+        s = rows if has_seq.all() else rows[has_seq]
+        kind, kinds = pd.factorize(s["source_kind"])
+        prio = np.array([_PRIORITY.get(k, np.nan) for k in kinds] + [np.nan], dtype=np.float64)[kind]
+        group, groups = pd.factorize(s["group"], sort=True)  # codes in the order of the names
+        seq, rank = s["seq"].to_numpy(np.int64), s["rank"].to_numpy(np.int64)
+        # one row per (rank, group, seq): the kernel's, else the CPU span's, else the launch's
+        order = np.lexsort((prio, seq, group, rank))
+        rk, gr, sq = rank[order], group[order], seq[order]
+        dup = np.r_[False, (rk[1:] == rk[:-1]) & (gr[1:] == gr[:-1]) & (sq[1:] == sq[:-1])]
+        keep = order[~dup]
+        s = s.iloc[keep]  # a new frame: its columns may be set
+        keys = "seq|" + pd.Series(groups).astype(str)
+        s["key"] = pd.Series(keys.array.take(group[keep]), index=s.index)
         s["match"] = "seq"
-        s["_label"] = s["key"] + "#" + s["seq"].astype("Int64").astype(str)
-        s["_part"] = s["key"]
+        s["_num"] = seq[keep]
         out.append(s)
-    o = rows[~has_seq].copy()
+    o = rows[~has_seq].copy() if not has_seq.all() else rows.iloc[:0]
     if len(o):
         o["key"] = _order_key(o).to_numpy()
         labeled, lost = _match_by_order(o, notes)
         unmatched += lost
         out.append(labeled)
-    matched = pd.concat(out, ignore_index=True) if out else rows.iloc[:0]
-    return matched, unmatched
+    if len(out) > 1:
+        return pd.concat(out, ignore_index=True), unmatched
+    return (out[0].reset_index(drop=True) if out else rows.iloc[:0]), unmatched
 
 
 def _match_by_order(o: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, int]:
     """Label rows without sequence numbers: each rank's sequence per key against the key's anchor."""
     o = o.sort_values(["key", "rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
-    o["_idx"] = o.groupby(["key", "rank"]).cumcount()
     o["match"] = "order"
-    label = np.full(len(o), None, dtype=object)
+    label = np.full(len(o), -1, dtype=np.int64)  # index in the anchor's sequence; -1: not matched
     anchors = o.groupby("key")["rank"].min()
     ends = {(k, r): g["end_ns"].to_numpy(dtype=np.int64) for (k, r), g in o.groupby(["key", "rank"], sort=False)}
     rows_of = {(k, r): g.index.to_numpy() for (k, r), g in o.groupby(["key", "rank"], sort=False)}
     kind_of = o.groupby("key")["source_kind"].first().to_dict()
     for key, anchor in anchors.items():
         idx = rows_of[(key, anchor)]
-        label[idx] = [f"{key}#{i}" for i in range(len(idx))]
+        label[idx] = np.arange(len(idx))
     method = np.array(["order"] * len(o), dtype=object)
     # pair each rank with its keys' anchors (usually one anchor: the lowest rank)
     by_pair: dict[tuple[int, int], list[str]] = {}
@@ -184,37 +196,68 @@ def _match_by_order(o: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, in
         for k in keys:
             ia, ib = pairs.get(k, (np.empty(0, np.int64), np.empty(0, np.int64)))
             rows = rows_of[(k, r)][ib]
-            label[rows] = [f"{k}#{i}" for i in ia]
+            label[rows] = ia
             method[rows] = how
     o["match"] = method
-    o["_label"] = label
-    o["_part"] = o["key"]
-    lost = int(pd.isna(o["_label"]).sum())
-    return o[o["_label"].notna()].drop(columns="_idx"), lost
+    o["_num"] = label
+    lost = int((label < 0).sum())
+    return o[label >= 0], lost
 
 
 def _finish(m: pd.DataFrame) -> pd.DataFrame:
+    """Participants, presence and instance ids of the labelled rows, on integer codes: a label is
+    (``key``, ``_num``), and the label strings ``key#num`` are made once per instance, where their
+    order breaks ties."""
     if m.empty:
         return _empty_instances()
-    participants = m.groupby("_part")["rank"].nunique()
-    m = m.copy()
-    m["n_participants"] = m["_part"].map(participants).astype("int64")
-    m["n_present"] = m.groupby("_label")["rank"].transform("nunique").astype("int64")
-    m["complete"] = m["n_present"] == m["n_participants"]
-    # instance ids in order of the lowest present rank's start
-    first = m.sort_values(["_label", "rank"], kind="stable").groupby("_label").head(1)
-    order = first.sort_values(["start_ns", "_label"], kind="stable")["_label"].to_numpy()
-    ids = pd.Series(np.arange(len(order), dtype=np.int64), index=order)
-    m["instance"] = m["_label"].map(ids).astype("int64")
-    m = m.sort_values(["instance", "rank"], kind="stable").reset_index(drop=True)
+    part, parts = pd.factorize(m["key"])
+    rank = m["rank"].to_numpy(np.int64)
+    num = m["_num"].to_numpy(np.int64)
+    rank0 = rank - rank.min()  # from 0: ranks and codes share one int64
+    span = np.int64(rank0.max() + 1)
+    lab, labels = pd.factorize(part * np.int64(num.max() - num.min() + 1) + (num - num.min()))
+    n_participants = _distinct_ranks(part, rank0, span, len(parts))[part]
+    by_rank = np.lexsort((rank, lab))
+    ls, rs = lab[by_rank], rank[by_rank]
+    new_lab = np.r_[True, ls[1:] != ls[:-1]]
+    n_present = np.bincount(ls[new_lab | np.r_[True, rs[1:] != rs[:-1]]], minlength=labels.size)[lab]
+    # instance ids in order of the lowest present rank's start (then of the label ``key#num``)
+    first = by_rank[new_lab]  # per label, its lowest rank's first row
+    names = [f"{k}#{n}" for k, n in zip(np.asarray(parts, dtype=object)[part[first]].tolist(), num[first].tolist())]
+    name_rank = np.empty(len(names), np.int64)
+    name_rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+    ids = np.empty(labels.size, np.int64)
+    ids[np.lexsort((name_rank, m["start_ns"].to_numpy(np.int64)[first]))] = np.arange(labels.size)
+    instance = ids[lab]
+    m = m.assign(n_participants=n_participants, n_present=n_present, complete=n_present == n_participants,
+                 instance=instance)
+    m = m.take(np.lexsort((rank, instance))).reset_index(drop=True)
     for c in ("launch_ns", "host_start_ns", "host_end_ns", "seq", "device", "stream", "pid", "tid"):
-        m[c] = m[c].astype("Int64")
+        if m[c].dtype != "Int64":
+            m[c] = m[c].astype("Int64")
     for c in ("arrive_ns", "exit_ns", "span_start_ns"):
-        m[c] = m[c].astype("Int64").fillna(m["start_ns" if c != "exit_ns" else "end_ns"].astype("Int64")).astype("int64")
-    for c in ("span_name", "evidence", "wait_name"):
-        m[c] = m[c].astype(object).where(m[c].notna(), None)
-    m["group"] = m["group"].astype(object).where(m["group"].notna(), None)
+        if m[c].dtype != np.int64:  # an int64 column has no nulls to fill
+            m[c] = m[c].astype("Int64").fillna(m["start_ns" if c != "exit_ns" else "end_ns"].astype("Int64")).astype("int64")
+    for c in ("span_name", "evidence", "wait_name", "group"):
+        m[c] = _objects(m[c])
     return m[INSTANCE_COLUMNS]
+
+
+def _distinct_ranks(code: np.ndarray, rank0: np.ndarray, span: np.int64, n: int) -> np.ndarray:
+    """Per code (0..n-1): how many distinct ranks (``rank0``: from 0 to ``span``) its rows have."""
+    if n * int(span) <= 16_000_000:  # a table of (code, rank) seen
+        seen = np.zeros(n * int(span), bool)
+        seen[code * span + rank0] = True
+        return seen.reshape(n, int(span)).sum(axis=1).astype(np.int64)
+    pairs = np.unique(code * span + rank0)
+    return np.bincount(pairs // span, minlength=n).astype(np.int64)
+
+
+def _objects(col: pd.Series) -> pd.Series:
+    """``col`` as object, None where null; each distinct string one shared object."""
+    codes, uniques = pd.factorize(col)
+    values = np.append(np.asarray(uniques, dtype=object), None)
+    return pd.Series(values[codes], index=col.index, dtype=object)
 
 
 def _empty_instances() -> pd.DataFrame:
