@@ -42,6 +42,7 @@ Pure functions over event tables (int64 ns); no file access.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -136,7 +137,7 @@ def host_sync_rows(events: pd.DataFrame, host: pd.DataFrame, op_labels, sync_nam
     named = span_kind & ~gloo & ~is_op & (by_name | cross)
     if not (is_op.any() or gloo.any() or named.any()):
         return pd.DataFrame()
-    ctx = _ThreadContext(events)
+    ctx = _thread_context(events)
     frames = []
     if is_op.any():
         frames.append(_op_members(host[is_op], ctx))
@@ -247,6 +248,32 @@ class _ThreadContext:
             first[i] = cs[int(np.argmax(d))]
             blocked[i] = int(np.clip(d, 0, None).sum())
         return first, blocked
+
+
+_SHARED: list[tuple[pd.DataFrame, _ThreadContext | None]] = []  # (events, its context) inside ``shared_context``
+
+
+@contextlib.contextmanager
+def shared_context(events: pd.DataFrame):
+    """Inside this block, ``host_sync_rows`` and ``span_facts`` of this very ``events`` frame share
+    one ``_ThreadContext`` (the per-thread arrays of a rank, built once instead of twice in the
+    scale path's prepare task). The frame must not change inside the block."""
+    _SHARED.append((events, None))
+    try:
+        yield
+    finally:
+        _SHARED.pop()
+
+
+def _thread_context(events: pd.DataFrame) -> _ThreadContext:
+    """``_ThreadContext(events)``, built once per ``shared_context`` block of that frame."""
+    if _SHARED and _SHARED[-1][0] is events:
+        ctx = _SHARED[-1][1]
+        if ctx is None:
+            ctx = _ThreadContext(events)
+            _SHARED[-1] = (events, ctx)
+        return ctx
+    return _ThreadContext(events)
 
 
 def _thread_key(df: pd.DataFrame) -> np.ndarray:
@@ -455,7 +482,7 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     spans = spans[spans.set_index(["rank", "name"]).index.map(counts).to_numpy(np.int64) >= MIN_INSTANCES]
     if not len(spans):
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
-    ctx = _ThreadContext(events)
+    ctx = _thread_context(events)
     coll_by_rank, sync_by_thread = _collective_marks(events)
     key = _thread_key(spans)
     rank = spans["rank"].to_numpy(np.int64)
