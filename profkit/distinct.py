@@ -54,3 +54,27 @@ def str_objects(values: pd.Series) -> np.ndarray:
         return values.astype(str).to_numpy()
     distinct = pd.Series(uniques).astype(str).to_numpy(dtype=object)
     return distinct[codes] if len(distinct) else np.empty(0, dtype=object)
+
+
+# what pandas makes of an object array of Python strings put in a frame (pandas 3: ``str``, Arrow-backed)
+_INFERRED = pd.Series(np.array(["x"], dtype=object)).dtype
+
+
+def strings_at(uniques: np.ndarray, codes: np.ndarray):
+    """``uniques[codes]`` (code -1: missing, None) as a frame column would hold that object array:
+    pandas 3 infers its ``str`` dtype row by row (a Python type test and a copy per row); here
+    Arrow takes the distinct strings by code, to the same dtype and values. Falls back to the
+    object array itself (inferred by the caller's frame as before) where inference would give
+    something else: no strings at all, or pandas without the Arrow ``str`` dtype."""
+    codes = np.asarray(codes, np.int64)
+    missing = codes < 0
+    objects = np.asarray(uniques, dtype=object)
+    fast = (isinstance(_INFERRED, pd.StringDtype) and _INFERRED.storage == "pyarrow" and codes.size
+            and not missing.all() and all(type(u) is str for u in objects))
+    if not fast:
+        return np.where(missing, None, objects[np.maximum(codes, 0)]) if objects.size else \
+            np.full(codes.size, None, dtype=object)
+    import pyarrow as pa
+
+    taken = pa.array(list(objects), pa.large_string()).take(pa.array(codes, mask=missing))
+    return pd.array(taken, dtype=_INFERRED)

@@ -116,16 +116,16 @@ def empty_syncs() -> pd.DataFrame:
 
 
 # ---- per-rank GPU activity with launches -----------------------------------------------------
-def gpu_ops(events: pd.DataFrame) -> pd.DataFrame:
+def gpu_ops(events: pd.DataFrame, gpu: pd.DataFrame | None = None) -> pd.DataFrame:
     """The rank's GPU activity (kernels, copies, memsets) with the host time of the call that
     launched each (joined by correlation within its process; ``NO_LAUNCH`` when unknown) and
-    whether it is communication. Sorted by start."""
+    whether it is communication. Sorted by start. ``gpu``: ``straggler_phases.gpu_rows(events)``
+    when the caller has it."""
     if events is None or not len(events):
         return _empty_ops()
     kinds = events["kind"]
     # only the columns read below: filtering every Arrow column of the rank's events costs more
-    g = events.loc[kinds.isin(schema.GPU_KINDS).to_numpy(dtype=bool),
-                   ["kind", "name", "coll_name", "pid", "correlation", "start_ns", "end_ns"]]
+    g = gpu if gpu is not None else ph_mod.gpu_rows(events)
     if not len(g):
         return _empty_ops()
     rt = events.loc[(kinds == schema.RUNTIME).to_numpy(dtype=bool) & events["correlation"].notna().to_numpy(dtype=bool),
@@ -469,7 +469,8 @@ class _Builder:
                 ids, names, ns, at = (np.asarray(x) for x in zip(*rows))
                 extra = pd.DataFrame({"rank": np.full(len(rows), self.rank, np.int64), "edge": ids.astype(np.int64),
                                       "step": _step_at(st, at.astype(np.int64)), "lane": WAIT_ON_GPU,
-                                      "phase": names.astype(object), "ns": ns.astype(np.int64)})
+                                      "phase": pd.Series(names.astype(object), dtype=object),
+                                      "ns": ns.astype(np.int64)})
                 work = pd.concat([work, extra], ignore_index=True) if len(work) else extra
         return RankProgram(self.rank, _compact(nodes, NODE_DTYPES), _compact(edges, EDGE_DTYPES),
                            _compact(work, WORK_DTYPES), int(residual), tuple(self.notes))
@@ -565,7 +566,7 @@ class _Builder:
         ns = np.concatenate([p[3] for p in parts])
         step = _step_at(st, t[dst[edge]])  # edge ids are row numbers of ``edges``
         return pd.DataFrame({"rank": np.full(edge.size, self.rank, np.int64), "edge": edge, "step": step,
-                             "lane": lane, "phase": phase, "ns": ns})
+                             "lane": lane, "phase": pd.Series(phase, dtype=object), "ns": ns})
 
 
 def _window_sums(ps, pe, ph, ws, we, wid) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -602,12 +603,22 @@ def _wait_mask(ph: np.ndarray, cat: np.ndarray) -> np.ndarray:
     if not ph.size:
         return np.zeros(0, bool)
     # decided per distinct (phase, category) pair: the two codes combined into one
-    pc, pu = pd.factorize(ph.astype(str))
-    cc, cu = pd.factorize(cat.astype(str))
+    pc, pu = _str_factorize(ph)
+    cc, cu = _str_factorize(cat)
     k = max(len(cu), 1)
     pairs, inverse = np.unique(np.asarray(pc, np.int64) * k + np.asarray(cc, np.int64), return_inverse=True)
     flags = np.array([is_wait(str(pu[v // k]), str(cu[v % k])) for v in pairs.tolist()], bool)
     return flags[inverse.reshape(-1)]
+
+
+def _str_factorize(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(a.astype(str))``: an object array of Python strings (``_pieces_arrays``) is
+    factorized as it is (``astype(str)`` would first copy every row into fixed-width unicode)."""
+    if a.dtype == object:
+        codes, uniques = pd.factorize(a)
+        if all(type(u) is str for u in uniques) and not (codes < 0).any():
+            return codes, uniques
+    return pd.factorize(a.astype(str))
 
 
 def _pieces_arrays(p: pd.DataFrame) -> tuple[np.ndarray, ...]:

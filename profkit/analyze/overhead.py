@@ -45,7 +45,9 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from profkit import schema
 from profkit.analyze import gpu
+from profkit.distinct import strings_at
 from profkit.analyze import overhead_rank as per_rank
 from profkit.layers import innermost, make_layer
 from profkit.analyze.vocabulary import (  # noqa: F401 - the categories and GPU states: read as ov.WAIT etc. too
@@ -117,20 +119,33 @@ def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.DataFrame | None = None) -> pd.DataFrame:
+def event_arrays(events: pd.DataFrame) -> per_rank.EventArrays:
+    """``events`` as the attribution's arrays, for ``attribute_gaps(..., arrays=)``: built once
+    when one table is attributed over several window sets (the causes and the timeline pieces)."""
+    return per_rank.EventArrays.build(events, frozenset(), per_rank.Vocab())
+
+
+def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.DataFrame | None = None,
+                   arrays: per_rank.EventArrays | None = None, with_gpu: bool = True) -> pd.DataFrame:
     """One row per charged interval: ``CHARGED_COLUMNS`` (see the module docstring).
 
     ``where`` is the innermost named span at that moment (context for waits, syncs, ops).
     Adjacent pieces with the same cause in one step are merged into one row.
     ``sync_waits``: ``sync_table.wait_intervals`` of the ranks (when the host was blocked in a
-    collective); found in ``events`` when None (all ranks given on one clock).
+    collective); found in ``events`` when None (all ranks given on one clock). ``arrays``:
+    ``event_arrays(events)``, when already built. ``with_gpu`` False: as if ``events`` held no
+    GPU rows (every instant of the windows is charged to the host).
     """
+    if not with_gpu and (steps is None or not len(steps)):
+        return _empty_charged()  # the windows would be those of the GPU events: none
     windows = analysis_windows(events, steps)
     if sync_waits is None:
-        sync_waits = sync_wait_intervals(events)
+        sync_waits = sync_wait_intervals(events if with_gpu else events[~gpu.kind_mask(events, schema.GPU_KINDS)])
     step_names = frozenset(str(n) for n in windows["name"].dropna().unique()) if "name" in windows else frozenset()
-    vocab = per_rank.Vocab()
-    arrays = per_rank.EventArrays.build(events, step_names, vocab)
+    if arrays is None:
+        arrays = per_rank.EventArrays.build(events, step_names, per_rank.Vocab())
+    arrays = arrays.with_step_names(step_names)
+    vocab = arrays.vocab
     waits_by_rank = {int(r): g for r, g in sync_waits.groupby("rank", sort=False)} if len(sync_waits) else {}
     parts = []
     for rank, w in windows.groupby("rank", sort=True):
@@ -143,7 +158,7 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
                                                    vocab.ids(sw["cause"].to_numpy(dtype=object)))
         me = w["marker_end_ns"].to_numpy(np.int64) if "marker_end_ns" in w else None
         got = per_rank.attribute_rank(arrays, int(rank), ws, np.maximum(we, ws), w["step"].to_numpy(np.int64), vocab,
-                                    layer, me)
+                                    layer, me, gpu=with_gpu)
         if got is not None:
             parts.append((int(rank), got))
     if not parts:
@@ -158,10 +173,10 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
             "start_ns": cat("start"),
             "end_ns": cat("end"),
             "dur_ns": cat("end") - cat("start"),
-            "cause": causes[cat("cause")],
-            "category": per_rank.CATEGORIES[cat("category")],
-            "gpu_state": per_rank.STATES[cat("state")],
-            "where": np.where(where >= 0, causes[np.maximum(where, 0)], None),
+            "cause": strings_at(causes, cat("cause")),
+            "category": strings_at(per_rank.CATEGORIES, cat("category")),
+            "gpu_state": strings_at(per_rank.STATES, cat("state")),
+            "where": strings_at(causes, where),
         }
     )
     return out[CHARGED_COLUMNS]
@@ -263,6 +278,44 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
     if not len(charged) or arrivals is None or not len(arrivals):
         return charged
     out = charged.copy()
+    codes, names = pd.factorize(out["cause"], use_na_sentinel=True)
+    if (codes < 0).any():
+        return _refine_waits_rows(out, arrivals)
+    # causes as codes: each new name is made once per distinct last arriver / cause, not per row
+    codes = np.asarray(codes, np.int64).copy()
+    names = [str(n) for n in names]
+    ids = {n: i for i, n in enumerate(names)}
+
+    def code_of(name: str) -> int:
+        if name not in ids:
+            ids[name] = len(names)
+            names.append(name)
+        return ids[name]
+
+    is_wait = (out["category"] == WAIT).to_numpy(bool)
+    mid = (out["start_ns"].to_numpy(np.int64) + out["end_ns"].to_numpy(np.int64)) // 2
+    ranks = out["rank"].to_numpy(np.int64)
+    for rank, a in arrivals.groupby("rank"):
+        rows = np.flatnonzero(is_wait & (ranks == int(rank)))
+        if not rows.size:
+            continue
+        layer = make_layer(a["start_ns"].to_numpy(np.int64), a["end_ns"].to_numpy(np.int64),
+                           a["last_rank"].to_numpy(np.int64))
+        j = innermost(layer, mid[rows])
+        hit = j >= 0
+        last = layer.codes[j[hit]]
+        rows = rows[hit]
+        other = last != int(rank)
+        ks, inv = np.unique(last[other], return_inverse=True)
+        codes[rows[other]] = np.array([code_of(waiting_for_rank(k)) for k in ks], np.int64)[inv.reshape(-1)]
+        cs, inv = np.unique(codes[rows[~other]], return_inverse=True)
+        codes[rows[~other]] = np.array([code_of(str(transfer_cause(names[c]))) for c in cs], np.int64)[inv.reshape(-1)]
+    out["cause"] = strings_at(np.array(names, dtype=object), codes)
+    return out
+
+
+def _refine_waits_rows(out: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
+    """``refine_waits`` row by row (charged rows without a cause: never made by ``attribute_gaps``)."""
     cause = out["cause"].to_numpy(dtype=object).copy()
     is_wait = (out["category"] == WAIT).to_numpy(bool)
     mid = (out["start_ns"].to_numpy(np.int64) + out["end_ns"].to_numpy(np.int64)) // 2

@@ -7,7 +7,7 @@ into one ``Vocab`` until the final table, so merging pieces compares integers, n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -77,18 +77,31 @@ class EventArrays:
     sync: np.ndarray
     poll: np.ndarray
     coll_wait_id: np.ndarray  # per coll_uniques: "wait:<coll_name>"
+    uniques: np.ndarray | None = None  # the unique names (``name`` codes index it)
+    step_names: frozenset[str] = frozenset()  # the step spans ``container`` was decided with
+    vocab: Vocab | None = None  # the vocabulary of the cause ids
+    memo: dict = field(default_factory=dict)  # per rank, what does not depend on the windows (``_rank_host``)
+
+    def with_step_names(self, step_names: frozenset[str]) -> "EventArrays":
+        """The same arrays with ``container`` decided for other step spans (the only per-name
+        fact that depends on them): one table's arrays serve attributions over other windows."""
+        if step_names == self.step_names or self.uniques is None:
+            return self
+        return replace(self, container=nm.classify_names(self.uniques, step_names)["container"],
+                       step_names=step_names)
 
     @classmethod
     def build(cls, events: pd.DataFrame, step_names: frozenset[str], vocab: Vocab) -> "EventArrays":
         ranks = events["rank"].to_numpy(np.int64)
-        order = np.argsort(ranks, kind="stable")
+        in_order = ranks.size < 2 or bool((ranks[1:] >= ranks[:-1]).all())  # one rank: no rows to take
+        order = np.arange(ranks.size) if in_order else np.argsort(ranks, kind="stable")
         ranks = ranks[order]
         present, first = np.unique(ranks, return_index=True)
         last = np.r_[first[1:], ranks.size]
         bounds = {int(r): (int(a), int(b)) for r, a, b in zip(present, first, last)}
 
         def col(name: str) -> pd.Series:
-            return events[name].iloc[order] if order.size else events[name]
+            return events[name].iloc[order] if order.size and not in_order else events[name]
 
         kind_codes = _codes(col("kind"), schema.KINDS)
         name_codes, uniques = _factorize(col("name"))
@@ -118,6 +131,9 @@ class EventArrays:
             sync=flags["sync"],
             poll=flags["poll"],
             coll_wait_id=vocab.ids([vc.wait_cause(str(c)) for c in coll_uniques]),
+            uniques=uniques,
+            step_names=step_names,
+            vocab=vocab,
         )
 
     def is_kind(self, rows: slice, *kinds: str) -> np.ndarray:
@@ -159,36 +175,29 @@ class RankCharges:
 
 
 def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, step_ids: np.ndarray,
-                   vocab: Vocab, waits: Layer | None = None, marker_ends: np.ndarray | None = None
-                   ) -> RankCharges | None:
+                   vocab: Vocab, waits: Layer | None = None, marker_ends: np.ndarray | None = None,
+                   gpu: bool = True) -> RankCharges | None:
     """Charge every idle-for-attribution piece of ``rank`` inside the windows [ws, we).
 
     ``waits``: the rank's sync intervals (``sync_table.wait_intervals``: arrival to release at
     each host-blocking collective), coded with their ``wait:<name>`` cause ids. ``marker_ends``:
     per window, where its step annotation ended (``steps.iteration_periods``): unnamed idle time
-    after it is ``host work between steps``."""
+    after it is ``host work between steps``. ``gpu`` False: the GPU rows are left out (as if the
+    table held none: every instant of the windows is idle, no communication kernel runs)."""
     a, b = ea.rank_bounds.get(rank, (0, 0))
     r = slice(a, b)
     starts, ends, names, threads = ea.start[r], ea.end[r], ea.name[r], ea.thread[r]
-    state_s, state_e, state = _idle_for_attribution(ea, r, ws, we)
+    if gpu:
+        state_s, state_e, state = _idle_for_attribution(ea, r, ws, we)
+    else:  # ``_idle_for_attribution`` without GPU rows: the windows, merged, all idle
+        state_s, state_e = iv.union(ws, we)
+        state = np.full(state_s.size, IDLE, np.int64)
     if state_s.size == 0:
         return None
 
-    hosty = ea.is_kind(r, schema.CPU_SPAN, schema.CPU_OP, schema.PYTHON, schema.SAMPLE, schema.GC, schema.RUNTIME)
-    is_rt = ea.is_kind(r, schema.RUNTIME)
-    launching = host.launching_threads(is_rt & ea.launch[names], threads)
-    host_threads = [int(t) for t in pd.unique(threads[hosty])]
-    primary = launching or host_threads
-    others = [t for t in host_threads if t not in set(primary)]
-
-    layers = _host_layers(ea, r, primary, others)
-    gc_mask = (ea.is_kind(r, schema.GC) | (ea.is_kind(r, schema.CPU_SPAN) & ea.gc[names]))
-    gc_mask &= np.isin(threads >> 32, list({t >> 32 for t in primary}))
-    gc_layer = make_layer(starts[gc_mask], ends[gc_mask], np.zeros(int(gc_mask.sum()), np.int64))
-    rt = is_rt & np.isin(threads, primary)
-    sync_s, sync_e = host.sync_intervals(rt & ea.sync[names], rt & ea.poll[names], starts, ends)
-    sync_layer = make_layer(sync_s, sync_e, np.zeros(sync_s.size, np.int64))
-    comm_layer = _comm_layer(ea, r)
+    any_host, layers, gc_layer, (sync_s, sync_e), sync_layer = _rank_host(ea, rank)
+    comm_layer = _comm_layer(ea, r) if gpu else make_layer(np.empty(0, np.int64), np.empty(0, np.int64),
+                                                           np.empty(0, np.int64))
     wait_layer = waits if waits is not None else make_layer(np.empty(0, np.int64), np.empty(0, np.int64),
                                                             np.empty(0, np.int64))
 
@@ -239,11 +248,40 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     for code in (named_p, named_o):  # the step-level span's self time
         d.assign(code >= 0, ea.cause_id[np.maximum(code, 0)], SELF)
     d.assign(t >= me[win], vocab.id(vc.BETWEEN_STEPS_CAUSE), BETWEEN_STEPS)
-    if hosty.any():
+    if any_host:
         d.assign(np.ones(ps.size, bool), vocab.id(vc.UNATTRIBUTED_CAUSE), UNATTRIBUTED)
     else:
         d.assign(np.ones(ps.size, bool), vocab.id(vc.NO_HOST_CAUSE), NO_HOST)
     return _merge(step, ps, pe, d.cause, d.category, pstate, where_id)
+
+
+def _rank_host(ea: EventArrays, rank: int) -> tuple[bool, dict[str, list[Layer]], Layer, iv.Intervals, Layer]:
+    """The rank's host side, whatever the windows: whether it has host events, the span / op /
+    frame layers per thread group, the GC pauses of its launching processes and its syncs on the
+    GPU (intervals and layer). Kept in ``ea.memo``: the causes and the timeline pieces attribute one rank's events
+    over two window sets."""
+    got = ea.memo.get(("host", rank))
+    if got is not None:
+        return got
+    a, b = ea.rank_bounds.get(rank, (0, 0))
+    r = slice(a, b)
+    starts, ends, names, threads = ea.start[r], ea.end[r], ea.name[r], ea.thread[r]
+    hosty = ea.is_kind(r, schema.CPU_SPAN, schema.CPU_OP, schema.PYTHON, schema.SAMPLE, schema.GC, schema.RUNTIME)
+    is_rt = ea.is_kind(r, schema.RUNTIME)
+    launching = host.launching_threads(is_rt & ea.launch[names], threads)
+    host_threads = [int(t) for t in pd.unique(threads[hosty])]
+    primary = launching or host_threads
+    others = [t for t in host_threads if t not in set(primary)]
+
+    layers = _host_layers(ea, r, primary, others)
+    gc_mask = (ea.is_kind(r, schema.GC) | (ea.is_kind(r, schema.CPU_SPAN) & ea.gc[names]))
+    gc_mask &= np.isin(threads >> 32, list({t >> 32 for t in primary}))
+    gc_layer = make_layer(starts[gc_mask], ends[gc_mask], np.zeros(int(gc_mask.sum()), np.int64))
+    rt = is_rt & np.isin(threads, primary)
+    sync_s, sync_e = host.sync_intervals(rt & ea.sync[names], rt & ea.poll[names], starts, ends)
+    sync_layer = make_layer(sync_s, sync_e, np.zeros(sync_s.size, np.int64))
+    got = ea.memo[("host", rank)] = (bool(hosty.any()), layers, gc_layer, (sync_s, sync_e), sync_layer)
+    return got
 
 
 def _idle_for_attribution(ea: EventArrays, r: slice, ws: np.ndarray, we: np.ndarray):

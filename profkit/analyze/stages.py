@@ -46,7 +46,7 @@ from profkit.analyze.stragglers import WindowPhases, rank_window_phases
 from profkit.analyze.sync_table import wait_intervals
 from profkit.analyze.window import clip_to_recorded
 from profkit.collectives.candidates import collective_candidates
-from profkit.collectives.syncpoints import span_facts
+from profkit.collectives.syncpoints import shared_context, span_facts
 from profkit.errors import ScaleError, TraceError
 from profkit.ingest.cache import table_with_rank
 from profkit.analyze.store import arrow_frame_table
@@ -177,11 +177,26 @@ def events_key(rank: int) -> str:
 def rank_events(store, rank: int, columns: list[str] | None = None) -> pd.DataFrame:
     """The rank's events from the store, with its rank column filled (a single part is stored as the
     reader made it, before ranks were resolved)."""
-    events = store.get(events_key(rank), columns)
+    events = _one_chunk(store.get(events_key(rank), columns))
     if "rank" in events.columns and len(events) and events["rank"].hasnans:
         events = events.assign(rank=pd.array(np.full(len(events), rank, dtype=np.int32),
                                              dtype=pd.ArrowDtype(pa.int32())))
     return events
+
+
+def _one_chunk(events: pd.DataFrame) -> pd.DataFrame:
+    """Each Arrow column in one chunk (the store's file holds one record batch per ~64k rows):
+    the tasks take rows of the string columns many times, and a take from many chunks costs
+    several times one from a single chunk (~5 ms against ~1 ms for 16k names of a 390k-event
+    rank; combining once costs ~4 ms). Same values, same dtypes."""
+    cols = {}
+    for c in events.columns:
+        arr = events[c].array
+        if isinstance(events[c].dtype, pd.ArrowDtype) and arr._pa_array.num_chunks > 1:
+            cols[c] = pd.Series(pd.arrays.ArrowExtensionArray(arr._pa_array.combine_chunks()), index=events.index)
+        else:
+            cols[c] = events[c]
+    return pd.DataFrame(cols)
 
 
 def candidates_key(rank: int) -> str:
@@ -215,10 +230,11 @@ def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | Non
         store.put(events_key(rank), events)  # the parts are dropped by the driver: a retried task reads them again
     else:
         events = rank_events(store, rank)
-    clock = prepare_rank(events) if len(events) else None
+    with shared_context(events):  # the candidates' sync points and the span facts read one thread context
+        clock = prepare_rank(events) if len(events) else None
+        facts, samples = span_facts(events, marker_regex(step_pattern)) if len(events) else (None, None)
     if clock is not None:
         store.put(candidates_key(rank), clock.candidates)  # reused on the common clock by rank_task
-    facts, samples = span_facts(events, marker_regex(step_pattern)) if len(events) else (None, None)
     out = PrepareResult(rank=rank, clock=clock, markers=step_marker_facts(events, step_pattern), n_events=len(events),
                         span_facts=facts, span_samples=samples)
     out.stats = _stats("prepare", rank, t0, len(events))
@@ -273,18 +289,22 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     else:
         candidates = collective_candidates(events, sync_names)
     waits = wait_intervals(candidates)  # where the host was blocked in a collective
+    # the events as the attribution's arrays and the GPU rows: built once for the causes, the
+    # timeline pieces (the host attributed again over the whole extent) and the replay's GPU ops
+    arrays = overhead.event_arrays(events) if len(events) else None
+    gpu = ph_mod.gpu_rows(events)
     if chosen is not None and not len(steps):  # other ranks have steps: this one has no windows
         windows = overhead.analysis_windows(events.iloc[:0], steps)
         charged = overhead.attribute_gaps(events.iloc[:0], steps, waits.iloc[:0])
     else:
         windows = overhead.analysis_windows(events, steps)
-        charged = overhead.attribute_gaps(events, windows, waits)
+        charged = overhead.attribute_gaps(events, windows, waits, arrays=arrays)
     extents = trace_windows(events)
-    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents, waits, steps)
+    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents, waits, steps, arrays=arrays, gpu=gpu)
     store.put(charged_key(rank), charged)  # waits not yet named after the last arriver
     store.put(f"host-pieces-{rank}", host_pieces)
     store.put(f"gpu-pieces-{rank}", gpu_pieces)
-    store.put(gpu_ops_key(rank), impact_program.gpu_ops(events))
+    store.put(gpu_ops_key(rank), impact_program.gpu_ops(events, gpu))
     if keep_aligned:
         store.put(aligned_key(rank), events)
     out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events),

@@ -42,6 +42,7 @@ from profkit import intervals as iv
 from profkit.analyze import overhead as ov
 from profkit.analyze import overhead_host as host_mod
 from profkit.analyze import vocabulary as vc
+from profkit.distinct import strings_at
 from profkit.layers import covering, make_layer, split_at
 from profkit.names import is_comm_kernel, kernel_short_name
 
@@ -55,8 +56,7 @@ PHASE_COLUMNS = ["window", "rank", "phase", "category", "ns"]
 EXCESS_COLUMNS = ["window", "rank", "phase", "category", "ns", "peer_ns", "excess_ns"]
 # the columns each step reads: a rank's events are ~16 Arrow columns, and filtering rows of all
 # of them (one Arrow take per column) costs more than the analysis of the rows kept
-_GPU_COLUMNS = ("rank", "kind", "name", "coll_name", "correlation", "start_ns", "end_ns")
-_HOST_COLUMNS = ("rank", "kind", "name", "coll_name", "correlation", "start_ns", "end_ns", "pid", "tid")
+GPU_ROW_COLUMNS = ("rank", "kind", "name", "coll_name", "pid", "correlation", "start_ns", "end_ns")
 
 
 def is_victim_phase(phase: str, category: str | None = None) -> bool:
@@ -71,13 +71,21 @@ def kernel_label(name: str) -> str:
 
 # ---- labelling -----------------------------------------------------------------------------
 def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame, sync_waits: pd.DataFrame | None = None,
-                    steps: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Host pieces (``labelled_pieces``) and GPU pieces (``gpu_pieces``) of every rank."""
+                    steps: pd.DataFrame | None = None, arrays=None,
+                    gpu: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Host pieces (``labelled_pieces``) and GPU pieces (``gpu_pieces``) of every rank.
+    ``arrays``: ``overhead.event_arrays(events)`` and ``gpu``: ``gpu_rows(events)``, when the
+    caller has them (the rank task shares them with the causes and the replay's GPU ops)."""
     if events is None or not len(events) or not len(extents):
         return _empty_pieces(), _empty_pieces()
-    is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
-    g = _GpuArrays.build(_rows(events, is_gpu, _GPU_COLUMNS))
-    return labelled_pieces(events, extents, g, sync_waits, steps), gpu_pieces(g)
+    g = _GpuArrays.build(gpu if gpu is not None else gpu_rows(events))
+    return labelled_pieces(events, extents, g, sync_waits, steps, arrays), gpu_pieces(g)
+
+
+def gpu_rows(events: pd.DataFrame) -> pd.DataFrame:
+    """The GPU rows (kernels, copies, memsets), only the columns the GPU pieces and
+    ``impact_program.gpu_ops`` read: taken once for both (rows of string columns are the slow part)."""
+    return _rows(events, events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool), GPU_ROW_COLUMNS)
 
 
 def _rows(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -98,10 +106,10 @@ def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
     parts = []
     for rank, r in ((rk, g.of(rk)) for rk in g.bounds):
         keep = ~g.comm[r]
-        s, e, c = g.start[r][keep], g.end[r][keep], g.code[r][keep]
+        s, e = g.start[r][keep], g.end[r][keep]
         if not s.size:
             continue
-        layer = make_layer(s, e, c)
+        layer = g.compute_layer(rank)
         busy = iv.union(s, e)
         ps, pe, _ = split_at(busy[0], busy[1], iv.unique_sorted(np.concatenate([layer.starts, layer.ends])))
         j = covering(layer, ps)
@@ -113,21 +121,22 @@ def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
 
 
 def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_GpuArrays | None" = None,
-                    sync_waits: pd.DataFrame | None = None, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+                    sync_waits: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
+                    arrays=None) -> pd.DataFrame:
     """Disjoint phase pieces per rank over ``extents`` (``rank, trace_start_ns, trace_end_ns``):
     ``PIECE_COLUMNS``, sorted by rank and start (see the module docstring for the rules).
     ``sync_waits``: the host-blocking collectives (``sync_table.wait_intervals``; found in
     ``events`` when None): time blocked in one is a wait, a victim phase, whatever span it is in.
     ``steps``: where a step annotation ends before its step does (``steps.iteration_periods``),
-    unnamed host time after it is ``host work between steps``, as in ``causes.csv``."""
+    unnamed host time after it is ``host work between steps``, as in ``causes.csv``.
+    ``arrays``: ``overhead.event_arrays(events)`` when already built."""
     if events is None or not len(events) or not len(extents):
         return _empty_pieces()
     windows = _tiled_windows(extents, steps)
-    is_gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
     if sync_waits is None:
         sync_waits = ov.sync_wait_intervals(events)  # from all events: GPU collectives are not host-blocking
-    host = ov.attribute_gaps(_rows(events, ~is_gpu, _HOST_COLUMNS), windows, sync_waits)  # GPU left out
-    gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(_rows(events, is_gpu, _GPU_COLUMNS))
+    host = ov.attribute_gaps(events, windows, sync_waits, arrays=arrays, with_gpu=False)  # GPU left out
+    gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(gpu_rows(events))
     runs = _launch_runs(events, gpu_ev)
     copies = _blocking_copies(events)
     parts = []
@@ -145,6 +154,7 @@ class _GpuArrays:
     def __init__(self, rank, start, end, code, comm, corr, vocab):
         self.rank, self.start, self.end, self.code, self.comm, self.vocab = rank, start, end, code, comm, vocab
         self.corr = corr
+        self._compute: dict[int, object] = {}
         present, first = np.unique(rank, return_index=True)
         last = np.r_[first[1:], rank.size]
         self.bounds = {int(r): (int(a), int(b)) for r, a, b in zip(present, first, last)}
@@ -169,6 +179,16 @@ class _GpuArrays:
     def of(self, rank: int) -> slice:
         a, b = self.bounds.get(rank, (0, 0))
         return slice(a, b)
+
+    def compute_layer(self, rank: int):
+        """The rank's compute ops (not communication) as a layer coded by label: built once for
+        the host pieces and the GPU pieces (its nesting over ~10^5 kernels is the costly part)."""
+        got = self._compute.get(rank)
+        if got is None:
+            r = self.of(rank)
+            keep = ~self.comm[r]
+            got = self._compute[rank] = make_layer(self.start[r][keep], self.end[r][keep], self.code[r][keep])
+        return got
 
 
 def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Intervals]:
@@ -219,33 +239,65 @@ def _blocking_copies(events: pd.DataFrame) -> dict[int, iv.Intervals]:
 
 def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: iv.Intervals,
                  g: _GpuArrays) -> pd.DataFrame:
+    """One rank's host pieces (``attribute_gaps`` rows, never without a cause or category), cut
+    and relabelled where the host ran launch-bound or was blocked on its GPU. Phases and
+    categories are integer codes of one vocabulary until the frame is made: pieces are compared
+    and merged as integers, and each new name is spelled once."""
     hs, he = host["start_ns"].to_numpy(np.int64), host["end_ns"].to_numpy(np.int64)
-    phase = host["cause"].astype(str).to_numpy(dtype=object)
-    cat = host["category"].astype(str).to_numpy(dtype=object)
+    p_codes, p_names = pd.factorize(host["cause"])
+    c_codes, c_names = pd.factorize(host["category"])
+    names = [str(n) for n in p_names]
+    ids = {n: i for i, n in enumerate(names)}
+
+    def code(name: str) -> int:
+        if name not in ids:
+            ids[name] = len(names)
+            names.append(name)
+        return ids[name]
+
+    phase = np.asarray(p_codes, np.int64)
+    cat = np.array([code(str(n)) for n in c_names], np.int64)[np.asarray(c_codes, np.int64)] if len(c_names) \
+        else np.asarray(c_codes, np.int64)
     r = g.of(rank)
-    gs, ge, comm, codes = g.start[r], g.end[r], g.comm[r], g.code[r]
-    compute = make_layer(gs[~comm], ge[~comm], codes[~comm])
+    gs, ge, comm = g.start[r], g.end[r], g.comm[r]
+    compute = g.compute_layer(rank)
     comm_iv = iv.union(gs[comm], ge[comm])
     cuts = iv.unique_sorted(np.concatenate([run_iv[0], run_iv[1], copy_iv[0], copy_iv[1], compute.starts, compute.ends,
                                      comm_iv[0], comm_iv[1]]))
     ps, pe, owner = split_at(hs, he, cuts)
     ph, ct = phase[owner].copy(), cat[owner].copy()
     in_run = _inside(run_iv, ps)
-    ph[in_run], ct[in_run] = ov.LAUNCH_BOUND, ov.LAUNCH_BOUND
-    blocked = _inside(copy_iv, ps) & ~in_run & (ct != ov.GC)
-    sync = ((ct == ov.HOST_SYNC) | blocked) & ~in_run
+    ph[in_run], ct[in_run] = code(ov.LAUNCH_BOUND), code(ov.LAUNCH_BOUND)
+    blocked = _inside(copy_iv, ps) & ~in_run & (ct != code(ov.GC))
+    sync = ((ct == code(ov.HOST_SYNC)) | blocked) & ~in_run
     if sync.any():
         j = covering(compute, ps)
         busy = sync & (j >= 0)
-        ph[busy] = g.vocab[compute.codes[j[busy]]]
-        ct[busy] = GPU_CATEGORY
+        labels = np.array([code(str(x)) for x in g.vocab], np.int64)
+        ph[busy] = labels[compute.codes[j[busy]]]
+        ct[busy] = code(GPU_CATEGORY)
         waiting = sync & ~busy & _inside(comm_iv, ps)
-        ph[waiting] = vc.HOST_SYNC_WAIT
-        ct[waiting] = ov.WAIT
-        copy_idle = blocked & ~busy & ~waiting & (ct != ov.HOST_SYNC)
-        ph[copy_idle] = np.array([f"{ov.HOST_SYNC} ({p})" for p in ph[copy_idle]], dtype=object)
-        ct[copy_idle] = ov.HOST_SYNC
-    return _merge(rank, ps, pe, ph, ct)
+        ph[waiting] = code(vc.HOST_SYNC_WAIT)
+        ct[waiting] = code(ov.WAIT)
+        copy_idle = blocked & ~busy & ~waiting & (ct != code(ov.HOST_SYNC))
+        if copy_idle.any():  # "host_sync (<phase>)", spelled once per distinct phase
+            was, inv = np.unique(ph[copy_idle], return_inverse=True)
+            ph[copy_idle] = np.array([code(f"{ov.HOST_SYNC} ({names[c]})") for c in was], np.int64)[inv.reshape(-1)]
+        ct[copy_idle] = code(ov.HOST_SYNC)
+    return _merge_codes(rank, ps, pe, ph, ct, np.array(names, dtype=object))
+
+
+def _merge_codes(rank: int, ps, pe, ph, ct, names: np.ndarray) -> pd.DataFrame:
+    """``_merge`` of pieces whose phase and category are codes into ``names``."""
+    if not ps.size:
+        return _empty_pieces()
+    order = np.argsort(ps, kind="stable")
+    ps, pe, ph, ct = ps[order], pe[order], ph[order], ct[order]
+    same = (pe[:-1] == ps[1:]) & (ph[:-1] == ph[1:]) & (ct[:-1] == ct[1:])
+    first = np.flatnonzero(np.r_[True, ~same])
+    last = np.r_[first[1:] - 1, ps.size - 1]
+    return pd.DataFrame({"rank": np.int64(rank), "start_ns": ps[first], "end_ns": pe[last],
+                         "phase": strings_at(names, ph[first]), "category": strings_at(names, ct[first])})
 
 
 def _tiled_windows(extents: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:

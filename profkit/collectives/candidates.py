@@ -244,19 +244,22 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
         he[rows] = ends[inner]
         s_group, s_seq, s_coll = s["group"].to_numpy(), s["seq"].to_numpy(dtype=object), s["coll"].to_numpy()
         labels = s["label"].to_numpy()
+        # the span's fields tested once per span, not per kernel and level
+        g_has, c_has = ~_is_none(s_group), ~_is_none(s_coll)
+        q_has = ~(_is_none(s_seq) | _is(s_seq, pd.NA))
         cur = inner.copy()
         for _ in range(8):  # the chain of enclosing spans fills what the kernel lacks
             live = cur >= 0
             if not live.any():
                 break
             linked.update(labels[cur[live]].tolist())
-            for r, c in zip(rows[live], cur[live]):
-                if group[r] is None and s_group[c] is not None:
-                    group[r] = s_group[c]
-                if (seq[r] is None or seq[r] is pd.NA) and s_seq[c] is not pd.NA and s_seq[c] is not None:
-                    seq[r] = s_seq[c]
-                if coll[r] in (None, "nccl", "comm") and s_coll[c] is not None:
-                    coll[r] = s_coll[c]
+            r, c = rows[live], cur[live]  # each kernel once per level: the rows are distinct
+            fill = _is_none(group[r]) & g_has[c]
+            group[r[fill]] = s_group[c[fill]]
+            fill = (_is_none(seq[r]) | _is(seq[r], pd.NA)) & q_has[c]
+            seq[r[fill]] = s_seq[c[fill]]
+            fill = (_is_none(coll[r]) | _equals(coll[r], "nccl") | _equals(coll[r], "comm")) & c_has[c]
+            coll[r[fill]] = s_coll[c[fill]]
             cur = np.where(live, parent[np.maximum(cur, 0)], -1)
     kernels["group"] = group
     kernels["seq"] = pd.array([None if v is pd.NA else v for v in seq], dtype="Int64")
@@ -264,6 +267,20 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
     kernels["host_start_ns"] = pd.arrays.IntegerArray(np.maximum(hs, 0), hs < 0)
     kernels["host_end_ns"] = pd.arrays.IntegerArray(np.maximum(he, 0), he < 0)
     return kernels.drop(columns="correlation"), linked
+
+
+def _is(values: np.ndarray, obj) -> np.ndarray:
+    """``v is obj`` for each object of ``values``."""
+    return np.fromiter((v is obj for v in values), dtype=bool, count=len(values))
+
+
+def _is_none(values: np.ndarray) -> np.ndarray:
+    return _is(values, None)
+
+
+def _equals(values: np.ndarray, text: str) -> np.ndarray:
+    """``v == text`` for each object, as Python's ``in (..., text)`` compares (identity, then ==)."""
+    return np.fromiter((v is text or v == text for v in values), dtype=bool, count=len(values))
 
 
 def _holds_nccl_span(spans: pd.DataFrame, nccl: pd.DataFrame) -> np.ndarray:

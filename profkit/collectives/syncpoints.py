@@ -42,6 +42,7 @@ Pure functions over event tables (int64 ns); no file access.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -136,7 +137,7 @@ def host_sync_rows(events: pd.DataFrame, host: pd.DataFrame, op_labels, sync_nam
     named = span_kind & ~gloo & ~is_op & (by_name | cross)
     if not (is_op.any() or gloo.any() or named.any()):
         return pd.DataFrame()
-    ctx = _ThreadContext(events)
+    ctx = _thread_context(events)
     frames = []
     if is_op.any():
         frames.append(_op_members(host[is_op], ctx))
@@ -247,6 +248,32 @@ class _ThreadContext:
             first[i] = cs[int(np.argmax(d))]
             blocked[i] = int(np.clip(d, 0, None).sum())
         return first, blocked
+
+
+_SHARED: list[tuple[pd.DataFrame, _ThreadContext | None]] = []  # (events, its context) inside ``shared_context``
+
+
+@contextlib.contextmanager
+def shared_context(events: pd.DataFrame):
+    """Inside this block, ``host_sync_rows`` and ``span_facts`` of this very ``events`` frame share
+    one ``_ThreadContext`` (the per-thread arrays of a rank, built once instead of twice in the
+    scale path's prepare task). The frame must not change inside the block."""
+    _SHARED.append((events, None))
+    try:
+        yield
+    finally:
+        _SHARED.pop()
+
+
+def _thread_context(events: pd.DataFrame) -> _ThreadContext:
+    """``_ThreadContext(events)``, built once per ``shared_context`` block of that frame."""
+    if _SHARED and _SHARED[-1][0] is events:
+        ctx = _SHARED[-1][1]
+        if ctx is None:
+            ctx = _ThreadContext(events)
+            _SHARED[-1] = (events, ctx)
+        return ctx
+    return _ThreadContext(events)
 
 
 def _thread_key(df: pd.DataFrame) -> np.ndarray:
@@ -455,7 +482,7 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     spans = spans[spans.set_index(["rank", "name"]).index.map(counts).to_numpy(np.int64) >= MIN_INSTANCES]
     if not len(spans):
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
-    ctx = _ThreadContext(events)
+    ctx = _thread_context(events)
     coll_by_rank, sync_by_thread = _collective_marks(events)
     key = _thread_key(spans)
     rank = spans["rank"].to_numpy(np.int64)
@@ -498,32 +525,43 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
     GPU while the GPU waits in a collective is charged from the GPU side), never by its ends;
     per rank, since vLLM's engine core waits for its worker process, which holds the collective."""
 
-    host = events.loc[events["kind"].isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool),
-                      [c for c in ("rank", "kind", "name", "category", "coll_name", "start_ns", "pid", "tid")
-                       if c in events.columns]]
-    if not len(host):
+    # flags over whole columns (names tested once per distinct name): no rows of the string
+    # columns are taken, only the few sync rows' thread ids
+    kind = events["kind"]
+    is_host = kind.isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool)
+    if not is_host.any():
         return {}, {}
-    is_rt = (host["kind"] == schema.RUNTIME).to_numpy(bool)
-    coll = _name_flags(host["name"], lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
+    is_rt = (kind == schema.RUNTIME).to_numpy(bool, na_value=False)
+    names = events["name"]
+    coll = _name_flags(names, lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
                        | u.str.match(r"^(?:nccl|rccl)", case=False))
-    coll |= ((host["category"].astype("string").fillna("") == "NCCL") | host["coll_name"].notna()).to_numpy(bool)
-    coll &= ~is_rt
-    sync = is_rt & _name_flags(host["name"], lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
-    starts = host["start_ns"].to_numpy(np.int64)
-    ranks = host["rank"].to_numpy(np.int64)
+    coll |= (events["category"] == "NCCL").to_numpy(bool, na_value=False) | events["coll_name"].notna().to_numpy(bool)
+    coll &= is_host & ~is_rt
+    sync = is_rt & _name_flags(names, lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
+    starts = events["start_ns"].to_numpy(np.int64)
+    ranks = events["rank"].to_numpy(np.int64)
     by_rank = {int(r): np.sort(starts[coll & (ranks == r)]) for r in np.unique(ranks[coll])}
-    key = _thread_key(host)
-    by_thread = {int(k): np.sort(starts[sync & (key == k)]) for k in np.unique(key[sync])}
+    sync_rows = np.flatnonzero(sync)
+    key = _thread_key(events.iloc[sync_rows][[c for c in ("rank", "pid", "tid") if c in events.columns]])
+    s_starts = starts[sync_rows]
+    by_thread = {int(k): np.sort(s_starts[key == k]) for k in np.unique(key)}
     return by_rank, by_thread
 
 
 def _name_flags(names: pd.Series, test) -> np.ndarray:
-    """``test`` (a function of a Series of strings -> bools) applied once per distinct name."""
-    codes, uniques = pd.factorize(names.astype("string").fillna(""))
-    if not len(uniques):
-        return np.zeros(len(names), bool)
-    flags = np.asarray(test(pd.Series(np.asarray(uniques, dtype=object), dtype=object)), dtype=bool)
-    return flags[np.asarray(codes, np.int64)]
+    """``test`` (a function of a Series of strings -> bools) applied once per distinct name
+    (a missing name is tested as "")."""
+    codes, uniques = pd.factorize(names, use_na_sentinel=True)  # Arrow strings: dictionary-encoded
+    codes = np.asarray(codes, np.int64)
+    if not codes.size:
+        return np.zeros(0, bool)
+    distinct = [str(u) for u in uniques]
+    missing = codes < 0
+    if missing.any():
+        codes = np.where(missing, len(distinct), codes)
+        distinct.append("")
+    flags = np.asarray(test(pd.Series(np.asarray(distinct, dtype=object), dtype=object)), dtype=bool)
+    return flags[codes]
 
 
 def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict[str, str]:

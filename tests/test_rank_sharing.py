@@ -1,0 +1,119 @@
+"""Work shared between the analyses of one rank gives exactly what each computed alone (issue #16).
+
+The scale path's rank task attributes a rank's idle time twice (``causes.csv``: GPU-idle time in
+the steps; the straggler timeline pieces: all host time over the traced extent, GPU left out).
+Both now read one ``overhead.event_arrays`` of the events (names factorized and classified once,
+the host layers built once per rank) and one take of the GPU rows; the prepare task builds one
+sync-point thread context for the candidates and the span facts. Each shortcut is compared here
+with the path it replaces on real H200 engine captures (``sample_traces/engine-dep2-h200``) and the
+public HTA pair: equal frames, exactly (no tolerance: the same integers and strings).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import profkit
+from conftest import SAMPLE_TRACES
+from profkit import schema
+from profkit.analyze import impact_program as prog
+from profkit.analyze import overhead as ov
+from profkit.analyze import straggler_phases as ph
+from profkit.analyze.steps import step_table
+from profkit.analyze.straggler_arrivals import trace_windows
+from profkit.analyze.sync_table import wait_intervals
+from profkit.collectives import syncpoints
+from profkit.collectives.candidates import collective_candidates
+
+CAPTURES = [SAMPLE_TRACES / "engine-dep2-h200" / "torch_straggler", SAMPLE_TRACES / "engine-dep2-h200" / "nsys_straggler",
+            SAMPLE_TRACES / "public-hta-2rank"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PROFKIT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module", params=CAPTURES, ids=lambda p: p.name)
+def rank_events(request) -> list[pd.DataFrame]:
+    events = profkit.load(request.param).events
+    return [ev.reset_index(drop=True) for _, ev in events.groupby("rank", sort=True, observed=True)]
+
+
+def test_shared_arrays_give_the_causes_and_host_attribution_of_separate_builds(rank_events):
+    for ev in rank_events:
+        steps = step_table(ev)
+        waits = wait_intervals(collective_candidates(ev))
+        windows = ov.analysis_windows(ev, steps)
+        arrays = ov.event_arrays(ev)
+        alone = ov.attribute_gaps(ev, windows, waits)
+        pd.testing.assert_frame_equal(ov.attribute_gaps(ev, windows, waits, arrays=arrays), alone)
+        # the host attribution over the whole extent: before, the host rows were taken and attributed
+        tiled = ph._tiled_windows(trace_windows(ev), steps)
+        host_rows = ev[~ev["kind"].isin(schema.GPU_KINDS).to_numpy(bool)]
+        host_alone = ov.attribute_gaps(host_rows, tiled, waits)
+        host_shared = ov.attribute_gaps(ev, tiled, waits, arrays=arrays, with_gpu=False)
+        pd.testing.assert_frame_equal(host_shared, host_alone)
+        assert len(alone) and len(host_alone) > len(alone) // 10  # both attributions charge something
+        # the same arrays again, in the other order (the memo of the host layers is per rank)
+        pd.testing.assert_frame_equal(ov.attribute_gaps(ev, windows, waits, arrays=arrays), alone)
+
+
+def test_without_steps_the_host_attribution_has_no_windows(rank_events):
+    ev = rank_events[0]
+    host_rows = ev[~ev["kind"].isin(schema.GPU_KINDS).to_numpy(bool)]
+    want = ov.attribute_gaps(host_rows, None)
+    got = ov.attribute_gaps(ev, None, arrays=ov.event_arrays(ev), with_gpu=False)
+    assert len(want) == len(got) == 0
+    assert list(got.columns) == list(want.columns)
+
+
+def test_timeline_pieces_and_gpu_ops_from_shared_rows_equal_their_own(rank_events):
+    for ev in rank_events:
+        steps = step_table(ev)
+        waits = wait_intervals(collective_candidates(ev))
+        extents = trace_windows(ev)
+        gpu = ph.gpu_rows(ev)
+        host_a, gpu_a = ph.timeline_pieces(ev, extents, waits, steps)
+        host_b, gpu_b = ph.timeline_pieces(ev, extents, waits, steps, arrays=ov.event_arrays(ev), gpu=gpu)
+        pd.testing.assert_frame_equal(host_b, host_a)
+        pd.testing.assert_frame_equal(gpu_b, gpu_a)
+        pd.testing.assert_frame_equal(prog.gpu_ops(ev, gpu), prog.gpu_ops(ev))
+        assert len(host_a) and len(gpu_a)
+
+
+def test_one_thread_context_serves_the_candidates_and_the_span_facts(rank_events, monkeypatch):
+    built = []
+    real = syncpoints._ThreadContext
+
+    class Counting(real):
+        def __init__(self, events):
+            built.append(events)
+            super().__init__(events)
+
+    for ev in rank_events:
+        want_c, want_f = collective_candidates(ev), syncpoints.span_facts(ev)
+        monkeypatch.setattr(syncpoints, "_ThreadContext", Counting)
+        built.clear()
+        with syncpoints.shared_context(ev):
+            got_c, got_f = collective_candidates(ev), syncpoints.span_facts(ev)
+            other = ev.copy()  # another frame inside the block gets its own context
+            syncpoints.span_facts(other)
+        monkeypatch.setattr(syncpoints, "_ThreadContext", real)
+        pd.testing.assert_frame_equal(got_c, want_c)
+        for a, b in zip(got_f, want_f):
+            pd.testing.assert_frame_equal(a, b)
+        assert [id(e) for e in built] in ([id(ev), id(other)], [id(other)])  # at most once for ev
+
+
+def test_strings_at_builds_the_column_pandas_infers():
+    from profkit.distinct import strings_at
+
+    names = np.array(["wait:all_reduce", "gc", "Scheduler.schedule"], dtype=object)
+    for codes in ([0, 2, 1, 1, -1], [-1, -1], [], [2]):
+        codes = np.asarray(codes, np.int64)
+        want = pd.DataFrame({"c": np.where(codes >= 0, names[np.maximum(codes, 0)], None)})
+        pd.testing.assert_frame_equal(pd.DataFrame({"c": strings_at(names, codes)}), want)
