@@ -26,8 +26,8 @@ from profkit.analyze.sync_table import wait_intervals
 from profkit.collectives import syncpoints
 from profkit.collectives.candidates import collective_candidates
 
-CAPTURES = [SAMPLE_TRACES / "engine-dep2-h200" / "torch_straggler", SAMPLE_TRACES / "engine-dep2-h200" / "nsys_straggler",
-            SAMPLE_TRACES / "public-hta-2rank"]
+ENGINE = SAMPLE_TRACES / "engine-dep2-h200"
+CAPTURES = [ENGINE / "torch_straggler", ENGINE / "nsys_straggler", SAMPLE_TRACES / "public-hta-2rank"]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -47,8 +47,8 @@ import pandas as pd
 
 from profkit import schema
 from profkit.analyze import gpu
-from profkit.distinct import strings_at
 from profkit.analyze import overhead_rank as per_rank
+from profkit.distinct import strings_at
 from profkit.layers import innermost, make_layer
 from profkit.analyze.vocabulary import (  # noqa: F401 - the categories and GPU states: read as ov.WAIT etc. too
     BETWEEN_STEPS, CPU_OP, GC, GPU_STATES, HOST_SYNC, LAUNCH_BOUND, NO_HOST, PYTHON, SAMPLE, SELF, SPAN, UNATTRIBUTED,

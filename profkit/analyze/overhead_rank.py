@@ -258,8 +258,8 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
 def _rank_host(ea: EventArrays, rank: int) -> tuple[bool, dict[str, list[Layer]], Layer, iv.Intervals, Layer]:
     """The rank's host side, whatever the windows: whether it has host events, the span / op /
     frame layers per thread group, the GC pauses of its launching processes and its syncs on the
-    GPU (intervals and layer). Kept in ``ea.memo``: the causes and the timeline pieces attribute one rank's events
-    over two window sets."""
+    GPU (intervals and layer). Kept in ``ea.memo``: the causes and the timeline pieces attribute
+    one rank's events over two window sets."""
     got = ea.memo.get(("host", rank))
     if got is not None:
         return got
