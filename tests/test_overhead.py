@@ -130,6 +130,11 @@ def test_comm_only_gpu_is_a_collective_wait_refined_by_last_arriver():
     arrivals = pd.DataFrame({"rank": [0, 1], "start_ns": [100, 100], "end_ns": [700, 700], "last_rank": [1, 1]})
     refined = ov.refine_waits(charged, arrivals)
     assert refined["cause"].tolist() == ["waiting for rank 1", "transfer:all_to_all"]
+    # a charged row without a cause takes the row-by-row path: the waits are named the same
+    extra = charged.iloc[:1].assign(cause=None, category="span", start_ns=900, end_ns=950)
+    rows_path = ov.refine_waits(pd.concat([charged, extra], ignore_index=True), arrivals)
+    assert rows_path["cause"].tolist()[:2] == ["waiting for rank 1", "transfer:all_to_all"]
+    assert pd.isna(rows_path["cause"].iloc[2])
 
 
 def test_split_processes_engine_core_holds_the_path_while_the_runner_idles():

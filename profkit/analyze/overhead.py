@@ -292,24 +292,11 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
             names.append(name)
         return ids[name]
 
-    is_wait = (out["category"] == WAIT).to_numpy(bool)
-    mid = (out["start_ns"].to_numpy(np.int64) + out["end_ns"].to_numpy(np.int64)) // 2
-    ranks = out["rank"].to_numpy(np.int64)
-    for rank, a in arrivals.groupby("rank"):
-        rows = np.flatnonzero(is_wait & (ranks == int(rank)))
-        if not rows.size:
-            continue
-        layer = make_layer(a["start_ns"].to_numpy(np.int64), a["end_ns"].to_numpy(np.int64),
-                           a["last_rank"].to_numpy(np.int64))
-        j = innermost(layer, mid[rows])
-        hit = j >= 0
-        last = layer.codes[j[hit]]
-        rows = rows[hit]
-        other = last != int(rank)
-        ks, inv = np.unique(last[other], return_inverse=True)
-        codes[rows[other]] = np.array([code_of(waiting_for_rank(k)) for k in ks], np.int64)[inv.reshape(-1)]
-        cs, inv = np.unique(codes[rows[~other]], return_inverse=True)
-        codes[rows[~other]] = np.array([code_of(str(transfer_cause(names[c]))) for c in cs], np.int64)[inv.reshape(-1)]
+    for rows, last, own in _waits_by_last_arriver(out, arrivals):
+        ks, inv = np.unique(last, return_inverse=True)
+        codes[rows] = np.array([code_of(waiting_for_rank(k)) for k in ks], np.int64)[inv.reshape(-1)]
+        cs, inv = np.unique(codes[own], return_inverse=True)
+        codes[own] = np.array([code_of(str(transfer_cause(names[c]))) for c in cs], np.int64)[inv.reshape(-1)]
     out["cause"] = strings_at(np.array(names, dtype=object), codes)
     return out
 
@@ -317,6 +304,17 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
 def _refine_waits_rows(out: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
     """``refine_waits`` row by row (charged rows without a cause: never made by ``attribute_gaps``)."""
     cause = out["cause"].to_numpy(dtype=object).copy()
+    for rows, last, own in _waits_by_last_arriver(out, arrivals):
+        cause[rows] = [waiting_for_rank(k) for k in last]
+        cause[own] = [transfer_cause(c) for c in cause[own]]
+    out["cause"] = cause
+    return out
+
+
+def _waits_by_last_arriver(out: pd.DataFrame, arrivals: pd.DataFrame):
+    """Per rank: (its wait rows inside an instance where another rank arrived last, those ranks,
+    its wait rows where it arrived last itself); a wait row is matched by its midpoint to the
+    innermost instance of its rank holding it (``refine_waits``)."""
     is_wait = (out["category"] == WAIT).to_numpy(bool)
     mid = (out["start_ns"].to_numpy(np.int64) + out["end_ns"].to_numpy(np.int64)) // 2
     ranks = out["rank"].to_numpy(np.int64)
@@ -331,10 +329,7 @@ def _refine_waits_rows(out: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFram
         last = layer.codes[j[hit]]
         rows = rows[hit]
         other = last != int(rank)
-        cause[rows[other]] = [waiting_for_rank(k) for k in last[other]]
-        cause[rows[~other]] = [transfer_cause(c) for c in cause[rows[~other]]]
-    out["cause"] = cause
-    return out
+        yield rows[other], last[other], rows[~other]
 
 
 def last_arrivers(events: pd.DataFrame) -> pd.DataFrame | None:

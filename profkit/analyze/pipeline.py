@@ -232,8 +232,6 @@ def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels
         x.program = None
     straggler_list = straggler_ranks(per_rank)
     try:
-        if steps is None or not len(steps):
-            return impact_mod.empty_impact("no steps: impact needs step times")
         graph = rp.build_graph(programs)
         del programs  # the joined graph holds the same points: the replay's matrices come after
         return impact_mod.impact_from_graph(graph, steps, causes=causes, cause_steps=cause_steps,
