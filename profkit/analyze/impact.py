@@ -51,6 +51,7 @@ Rows: ``cause``, ``rank_phase`` and ``spikes`` ranked by impact, then the three 
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -75,6 +76,7 @@ MAX_SPIKES = 5  # "X spikes" rows (the part of a cause above its median per step
 MIN_SPIKE_SHARE = 0.2  # ... when the spikes are at least this share of the cause's time
 SCENARIO_BLOCK_BYTES = 1 << 26  # cut and shift matrices per replay pass (scenarios are done in blocks)
 NUMPY_BLOCK_BYTES = 1 << 28  # the numpy replay pays its rounds once per pass: fewer, larger blocks
+REPLAY_THREADS = 4  # compiled blocks replayed at once (the kernel runs without the GIL; the workers are idle then)
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95
 
@@ -469,20 +471,31 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
     base_rank = t_pts[next_pt] - t_pts[start_pt]  # the step's period on its rank (see _step_points)
     step_ids = st["step"].to_numpy(np.int64)
     uniq_steps, step_pos = np.unique(step_ids, return_inverse=True)
-    block_bytes = SCENARIO_BLOCK_BYTES if rp.compiled(g) else NUMPY_BLOCK_BYTES
+    compiled = rp.compiled(g)
+    block_bytes = SCENARIO_BLOCK_BYTES if compiled else NUMPY_BLOCK_BYTES
     per_block = max(1, block_bytes // max(8 * (len(g.edges) + g.n), 1))
     replayed = np.zeros((len(st), len(scen)), np.int64)
     removed = np.zeros(len(scen), np.int64)
-    released = 0
-    for a in range(0, len(scen), per_block):
+
+    def run_block(a: int) -> int:
         block = scen[a:a + per_block]
         cut, node_cut, rem = _cuts(g, block)
         delta, forced = rp.replay(g, cut, node_cut)
-        released = max(released, forced)
         # a step's share of its rank's timeline: from its start to the next step's start (the
         # last one: to its end), so time moved between a gap and a wait is not counted as saved
         replayed[:, a:a + len(block)] = base_rank[:, None] + delta[next_pt] - delta[start_pt]
         removed[a:a + len(block)] = rem
+        return forced
+
+    starts = range(0, len(scen), per_block)
+    threads = min(REPLAY_THREADS, os.cpu_count() or 1, len(starts))
+    if compiled and threads > 1:  # the kernel releases the GIL: blocks replay side by side
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            released = max(pool.map(run_block, starts))
+    else:
+        released = max(run_block(a) for a in starts)
     # per step: the mean over ranks
     counts = np.bincount(step_pos).astype(np.float64)
     base_step = np.bincount(step_pos, weights=base_rank.astype(np.float64)) / counts

@@ -209,10 +209,30 @@ def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None,
     use_node_cut = node_cut is not None
     nc = (np.ascontiguousarray(node_cut.reshape(g.n, s_count), dtype=np.int64) if use_node_cut
           else np.zeros((1, s_count), np.int64))
-    t = g.nodes["time_ns"].to_numpy(np.int64)
+    # a writable C array, as ``warm_up``'s (numba compiles, or loads, one kernel per array type)
+    t = np.require(g.nodes["time_ns"].to_numpy(np.int64), requirements=["C", "W"])
     forced = replay_points(g.offsets, g.in_src, g.in_edge, g.in_slack, g.is_exit, g.is_arrive, g.inst, g.arr_nodes,
                            g.arr_slack, g.arr_bounds, t, cut2, nc, use_node_cut, delta)
     return delta, int(forced)
+
+
+WARM_UP_EVENTS = 250_000  # events on one rank from which a run warms the kernel up while workers read
+
+
+def warm_up() -> bool:
+    """Import numba and load the compiled kernel (from its cache, or compile it) on a graph of no
+    points, so the driver's replay does not wait for it later: importing numba and loading its
+    LLVM library take ~2 s, which a run of a large capture spends in a background thread while the
+    workers read and prepare (``pipeline.run_stages``). False when there is no kernel to warm."""
+    kernel = _kernel()
+    if kernel is None:
+        return False
+    z = np.zeros(0, np.int64)
+    z2 = np.zeros((0, IN), np.int64)
+    kernel(np.zeros(1, np.int64), z2, z2.copy(), z2.copy(), np.zeros(0, bool), np.zeros(0, bool), z.copy(), z.copy(),
+           z.copy(), np.zeros(1, np.int64), z.copy(), np.zeros((0, 1), np.int64), np.zeros((1, 1), np.int64), False,
+           np.zeros((0, 1), np.int64))
+    return True
 
 
 def replay_numpy(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> tuple[np.ndarray, int]:

@@ -17,6 +17,7 @@ import pandas as pd
 from profkit import schema
 from profkit.align import Alignment
 from profkit.align.estimate import estimate_from_ranks, one_host
+from profkit.analyze import impact_replay as rp
 from profkit.analyze import overhead, stages
 from profkit.analyze.balance import dp_imbalance, ep_balance
 from profkit.analyze.compare import cause_step_table
@@ -65,6 +66,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     stats = list(stats or [])
     ranks = sorted(keys)
     labels = [f"rank {r}" for r in ranks]
+    _warm_up_replay(capture)
     # map 1 + reduce: clocks and the step marker
     prep, alignment = prepare_ranks(capture, keys, store, ex, step_pattern)
     stats += [p.stats for p in prep]
@@ -238,6 +240,25 @@ def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels
                                             stragglers=per_rank, straggler_ranks=straggler_list)
     except (ValueError, IndexError) as exc:  # a replay that cannot be built must not cost the other tables
         return impact_mod.empty_impact(f"impact not computed: {exc}")
+
+
+def _warm_up_replay(capture: Capture) -> None:
+    """On a large capture, load the compiled replay in a background thread while the workers
+    prepare and analyze the ranks: the driver would otherwise wait ~2 s for numba at the end."""
+    parts = capture.parts
+    if parts is None or not len(parts) or "n_events" not in parts:
+        return
+    if int(parts.groupby("rank")["n_events"].sum().max()) < rp.WARM_UP_EVENTS:
+        return
+    import threading
+
+    def warm() -> None:
+        try:
+            rp.warm_up()
+        except Exception:  # noqa: BLE001 - the replay falls back to numpy, or compiles when it runs
+            pass
+
+    threading.Thread(target=warm, name="profkit-replay-warm-up", daemon=True).start()
 
 
 def _trim() -> None:

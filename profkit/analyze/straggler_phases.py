@@ -608,8 +608,10 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
 
         lo_v, hi_v = other_at(np.maximum((m - 1) // 2, 0)), other_at(np.maximum(m // 2, 0))
         peer = np.where(m > 0, lo_v + (hi_v - lo_v) // 2, 0).astype(np.int64)
+        # fresh arrays, not copied into one block (millions of rows at DEP32 x 1000)
         parts.append(pd.DataFrame({"window": g_w[g], "rank": r, "phase": g_p[g], "category": g_c[g],
-                                   "ns": own_ns.astype(np.int64), "peer_ns": peer, "excess_ns": own_ns - peer}))
+                                   "ns": own_ns.astype(np.int64), "peer_ns": peer, "excess_ns": own_ns - peer},
+                                  copy=False))
     if not parts:
         return _empty_coded(names, categories)
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]

@@ -160,20 +160,101 @@ class StragglerPlan:
         return {name: w[w["rank"].to_numpy(np.int64) == rank] for name, w in tables.items()}
 
 
+_KINDS = ("host", "gpu", "acc")
+
+
 @dataclass
 class WindowPhases:
-    """Time per phase inside each window (``straggler_phases.window_phases``) of the three kinds."""
+    """Time per phase inside each window (``straggler_phases.window_phases``) of the three kinds.
+
+    Coded (``coded``): ``phase`` and ``category`` are int64 codes into ``names`` / ``categories``
+    per table (``vocab``), so a rank's tables cross to the driver and are joined without a
+    string per row (millions of rows at DEP32 x 1000); ``concat`` gives the codes of
+    ``straggler_phases.phase_codes`` over the joined tables."""
 
     host: pd.DataFrame
     gpu: pd.DataFrame
     acc: pd.DataFrame
+    vocab: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # kind -> (phase names, category names)
+
+    def coded(self) -> "WindowPhases":
+        """The tables with their names factorized, each against its own names."""
+        tables, vocab = {}, {}
+        for kind in _KINDS:
+            t = getattr(self, kind)
+            p, pu = pd.factorize(t["phase"])
+            c, cu = pd.factorize(t["category"])
+            tables[kind] = pd.DataFrame({"window": t["window"].to_numpy(np.int64), "rank": t["rank"].to_numpy(np.int64),
+                                         "phase": np.asarray(p, np.int64), "category": np.asarray(c, np.int64),
+                                         "ns": t["ns"].to_numpy(np.int64)}, copy=False)
+            vocab[kind] = (np.asarray(pu, dtype=object), np.asarray(cu, dtype=object))
+        return WindowPhases(tables["host"], tables["gpu"], tables["acc"], vocab)
+
+    def codes(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+        """``straggler_phases.phase_codes`` of the three tables (from the codes when coded)."""
+        if self.vocab is None:
+            return ph_mod.phase_codes([self.host, self.gpu, self.acc])
+        return _joined_codes([(getattr(self, k)["phase"].to_numpy(np.int64),) + self.vocab[k]
+                              + (getattr(self, k)["category"].to_numpy(np.int64),) for k in _KINDS])
 
     @staticmethod
     def concat(parts: list["WindowPhases"]) -> "WindowPhases":
+        """The ranks' tables one after the other (coded parts: codes against the names of all)."""
+        if parts and all(p.vocab is not None for p in parts):
+            return _concat_coded(parts)
+
         def cat(name: str) -> pd.DataFrame:
             frames = [getattr(p, name) for p in parts if len(getattr(p, name))]
             return pd.concat(frames, ignore_index=True) if frames else ph_mod._empty(ph_mod.PHASE_COLUMNS)
         return WindowPhases(cat("host"), cat("gpu"), cat("acc"))
+
+
+def _joined_codes(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+                  ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """``phase_codes``' result from factorized tables (phase codes, their names, category names,
+    category codes): phases sorted (a null phase, code -1, last), categories in order of first
+    appearance over the tables in order (-1: none)."""
+    names: list = sorted({str(x) for _, pu, _, _ in tables for x in pu})
+    if any((p < 0).any() for p, *_ in tables):
+        names.append(None)
+    cats = list(dict.fromkeys(str(x) for _, _, cu, _ in tables for x in cu))
+    p_of = {x: i for i, x in enumerate(names)}
+    c_of = {x: i for i, x in enumerate(cats)}
+    out = []
+    for p, pu, cu, c in tables:
+        pmap = np.array([p_of[str(x)] for x in pu] + [len(names) - 1], dtype=np.int64)  # -1: the null phase
+        cmap = np.array([c_of[str(x)] for x in cu] + [-1], dtype=np.int64)
+        out.append((pmap[p], cmap[c]))
+    return out, np.array(names, dtype=object), np.array(cats, dtype=object)
+
+
+def _concat_coded(parts: list[WindowPhases]) -> WindowPhases:
+    """Coded parts joined: each kind's table in part order, codes against the names over all parts.
+    The names of a kind are its parts' names in order, so first appearances keep their order."""
+    tables, vocab = {}, {}
+    for kind in _KINDS:
+        frames = [(getattr(p, kind), p.vocab[kind]) for p in parts if len(getattr(p, kind))]
+        if not frames:
+            tables[kind] = pd.DataFrame({c: np.zeros(0, np.int64) for c in ph_mod.PHASE_COLUMNS})
+            vocab[kind] = (np.zeros(0, dtype=object), np.zeros(0, dtype=object))
+            continue
+        (codes, names, cats) = _joined_codes([(f["phase"].to_numpy(np.int64), pu, cu, f["category"].to_numpy(np.int64))
+                                             for f, (pu, cu) in frames])
+        tables[kind] = pd.DataFrame({
+            "window": np.concatenate([f["window"].to_numpy(np.int64) for f, _ in frames]),
+            "rank": np.concatenate([f["rank"].to_numpy(np.int64) for f, _ in frames]),
+            # a null phase took the last name; as the kind's own code it is -1 again
+            "phase": _null_last_to_minus_one(np.concatenate([c[0] for c in codes]), names),
+            "category": np.concatenate([c[1] for c in codes]),
+            "ns": np.concatenate([f["ns"].to_numpy(np.int64) for f, _ in frames])}, copy=False)
+        vocab[kind] = (names if names.size == 0 or names[-1] is not None else names[:-1], cats)
+    return WindowPhases(tables["host"], tables["gpu"], tables["acc"], vocab)
+
+
+def _null_last_to_minus_one(codes: np.ndarray, names: np.ndarray) -> np.ndarray:
+    if names.size and names[-1] is None:
+        return np.where(codes == names.size - 1, -1, codes)
+    return codes
 
 
 def plan_stragglers(instances: pd.DataFrame, extents: pd.DataFrame, steps: pd.DataFrame | None,
@@ -199,7 +280,7 @@ def rank_window_phases(windows: dict[str, pd.DataFrame], host_pieces: pd.DataFra
     windows, that rank's sums (concatenated over ranks in rank order: the same table)."""
     return WindowPhases(host=ph_mod.window_phases(host_pieces, windows["host"]),
                         gpu=ph_mod.window_phases(gpu_pieces, windows["gpu"]),
-                        acc=ph_mod.window_phases(host_pieces, windows["acc"]))
+                        acc=ph_mod.window_phases(host_pieces, windows["acc"])).coded()
 
 
 def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -216,7 +297,7 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     # its GPU set, its GPU's work since the previous collective; against the same on the peers
     host_w, gpu_w = plan.host_w, plan.gpu_w
     # phase names as integer codes shared by the three tables: the rows below are grouped by phase
-    (host_c, gpu_c, acc_c), names, cats = ph_mod.phase_codes([phases.host, phases.gpu, phases.acc])
+    (host_c, gpu_c, acc_c), names, cats = phases.codes()
     host_x = ph_mod.coded_phase_excess(phases.host, *host_c, names, cats, host_w, explain & ~gated).causes_only()
     phases.host = None  # consumed: at DEP32 x 1000 steps each table is millions of rows
     gpu_x = ph_mod.coded_phase_excess(phases.gpu, *gpu_c, names, cats, gpu_w)  # every GPU window
@@ -580,18 +661,18 @@ def _step_phase_table(excess: ph_mod.CodedExcess) -> pd.DataFrame:
         codes, _ = pd.factorize(((r - r0) * n_s + (st - s0)) * n_p + p)
     codes = np.asarray(codes, np.int64)
     n = int(codes.max()) + 1
-    first = np.full(n, codes.size, np.int64)
-    np.minimum.at(first, codes, np.arange(codes.size))
+    # one stable sort by code: each group's first row and its int64 sums (exact, unlike a float
+    # bincount; ``np.add.at`` took seconds on millions of rows)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(codes, minlength=n))[:-1]]  # factorize: every code has rows
+    first = order[bounds]
     own = x["ns"].to_numpy(np.int64)[keep]
-    pos = own > 0
-    sums = {}
-    for name, values, rows in (("excess_ns", x["excess_ns"].to_numpy(np.int64)[keep], None), ("ns", own, pos)):
-        out = np.zeros(n, np.int64)
-        np.add.at(out, codes if rows is None else codes[rows], values if rows is None else values[rows])
-        sums[name] = out
-    n_own = np.bincount(codes[pos], minlength=n).astype(np.int64)
+    excess_ns = np.add.reduceat(x["excess_ns"].to_numpy(np.int64)[keep][order], bounds)
+    own_sorted = own[order]
+    ns = np.add.reduceat(np.where(own_sorted > 0, own_sorted, 0), bounds)
+    n_own = np.add.reduceat((own_sorted > 0).astype(np.int64), bounds)
     return pd.DataFrame({"rank": r[first], "step": pd.Series(st[first]).astype(step.dtype).to_numpy(),
-                         "phase": p[first], "excess_ns": sums["excess_ns"], "ns": sums["ns"], "n_own": n_own})
+                         "phase": p[first], "excess_ns": excess_ns, "ns": ns, "n_own": n_own}, copy=False)
 
 
 def _lateness(arrivals: pd.DataFrame, acc_excess: ph_mod.CodedExcess, per_step: pd.DataFrame | None = None
