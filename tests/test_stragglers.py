@@ -399,3 +399,39 @@ def test_real_clean_torch_capture_rank0_host_was_slower():
     assert r0["times_last"] > 0.9 * r0["n_instances"] and r0["host_excess_ns"] > 100_000_000
     assert per_rank.attrs["report"]["dropped_edge"] == 1
     assert per_inst["arrival_skew_ns"].max() < 10_000_000  # the 554 ms barrier skew is gone
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_coded_window_phases_join_as_phase_codes(seed):
+    """The ranks' phase tables cross to the driver as integer codes against their own names
+    (``WindowPhases.coded``) and are joined there; the joined codes must be ``phase_codes`` of
+    the string tables joined (the definition): names sorted, a null phase last, categories in
+    order of first appearance over host, GPU and accounting tables. Random ranks whose names and
+    categories first appear in different tables and orders, one table empty on some ranks, a
+    null phase on one rank."""
+    rng = np.random.default_rng(seed)
+    names = ["gc", "span_a", "span_b", "gpu:k", "wait:x", "zz"]
+    cats = ["span", "self", "gpu", "gc", "wait"]
+
+    def table(rank: int, rows: int) -> pd.DataFrame:
+        return pd.DataFrame({"window": rng.integers(0, 50, rows), "rank": np.full(rows, rank, np.int64),
+                             "phase": rng.choice(names, rows).astype(object), "category": rng.choice(cats, rows).astype(object),
+                             "ns": rng.integers(0, 1000, rows)})
+
+    parts = []
+    for r in range(5):
+        host, gpu, acc = (table(r, int(rng.integers(0, 8))) for _ in range(3))
+        if r == 2 and len(host):
+            host.loc[0, "phase"] = None
+        parts.append(st.WindowPhases(host, gpu, acc))
+    joined = st.WindowPhases.concat([p.coded() for p in parts])
+    plain = st.WindowPhases.concat(parts)
+    want, want_names, want_cats = ph_mod.phase_codes([plain.host, plain.gpu, plain.acc])
+    got, got_names, got_cats = joined.codes()
+    assert list(got_names) == list(want_names) and list(got_cats) == list(want_cats)
+    for (wp, wc), (gp, gc), kind in zip(want, got, ("host", "gpu", "acc")):
+        np.testing.assert_array_equal(gp, wp)
+        np.testing.assert_array_equal(gc, wc)
+        for c in ("window", "rank", "ns"):
+            np.testing.assert_array_equal(getattr(joined, kind)[c].to_numpy(np.int64),
+                                          getattr(plain, kind)[c].to_numpy(np.int64))
