@@ -375,6 +375,13 @@ def _median_step_share(w: rp.WorkArrays) -> np.ndarray:
     return w.median_share
 
 
+def _sorted_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` by hashing (millions of rows, few distinct
+    values: no sort of every row)."""
+    codes, uniques = pd.factorize(values, sort=True)
+    return np.asarray(uniques, dtype=values.dtype), np.asarray(codes, np.int64)
+
+
 def _median_step_share_of(w: rp.WorkArrays) -> np.ndarray:
     """Per work row: the share of its time above its phase's median per step on its rank (steps
     of the rank without the phase count 0; time outside every step is never removed). A sync's
@@ -383,18 +390,18 @@ def _median_step_share_of(w: rp.WorkArrays) -> np.ndarray:
     lane_rows = (w.lane != prog.WAIT_ON_GPU) & (w.step >= 0)
     if not lane_rows.any():
         return out
-    step_ids, step_of = np.unique(w.step, return_inverse=True)  # dense step numbers: they fit the key
-    rank_ids, rank_of = np.unique(w.rank, return_inverse=True)
+    step_ids, step_of = _sorted_codes(w.step)  # dense step numbers: they fit the key
+    rank_ids, rank_of = _sorted_codes(w.rank)
     if step_ids.size >= 1 << _STEP_BITS or w.names.size >= 1 << _CODE_BITS:
         raise ValueError("impact: too many steps or phases to pack")
     dense_rank, dense_step = rank_of.astype(np.int64), step_of.astype(np.int64)
     r, c, st, ns = dense_rank[lane_rows], w.code[lane_rows], dense_step[lane_rows], w.ns[lane_rows]
     key = (r << (_CODE_BITS + _STEP_BITS)) | (c << _STEP_BITS) | st
-    uniq, inv = np.unique(key, return_inverse=True)
+    uniq, inv = _sorted_codes(key)
     own = np.bincount(inv, weights=ns.astype(np.float64))
     u_rank = uniq >> (_CODE_BITS + _STEP_BITS)
     group = uniq >> _STEP_BITS  # (rank, phase)
-    rank_steps = np.unique((r << _STEP_BITS) | st) >> _STEP_BITS
+    rank_steps = np.sort(pd.unique((r << _STEP_BITS) | st)) >> _STEP_BITS
     ranks_u, n_of_rank = np.unique(rank_steps, return_counts=True)  # steps each rank has
     order = np.lexsort((own, group))
     g_sorted, v_sorted = group[order], own[order]
