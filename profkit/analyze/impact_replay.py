@@ -91,25 +91,23 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
     n = int(offsets[-1])
     if not n:
         return _empty_graph()
-    nodes = pd.concat([p.nodes for p in programs], ignore_index=True).astype(
-        {"rank": "int64", "node": "int64", "lane": "int64", "kind": "int64"})
+    nodes = _stack([p.nodes for p in programs], prog.NODE_COLUMNS)
     nodes["gid"] = np.arange(n, dtype=np.int64)
-    e_parts, w_parts, base_e = [], [], 0
-    for p, off in zip(programs, offsets[:-1]):
-        e = p.edges.astype({"rank": "int64", "edge": "int64", "dst": "int64", "src": "int64", "kind": "int64"})
-        e["gid"] = e["edge"].to_numpy(np.int64) + base_e
-        e["gdst"] = e["dst"].to_numpy(np.int64) + off
-        src = e["src"].to_numpy(np.int64)
-        e["gsrc"] = np.where(src >= 0, src + off, -1)
-        e_parts.append(e)
-        if len(p.work):
-            w = p.work.astype({"rank": "int64", "edge": "int64", "lane": "int64"})
-            w["gedge"] = w["edge"].to_numpy(np.int64) + base_e
-            w_parts.append(w)
-        base_e += len(p.edges)
-    edges = pd.concat(e_parts, ignore_index=True)
-    work = (pd.concat(w_parts, ignore_index=True) if w_parts
-            else prog._empty_work().assign(gedge=pd.Series(dtype="int64")))
+    e_sizes = np.array([len(p.edges) for p in programs], np.int64)
+    e_base = np.repeat(np.r_[0, np.cumsum(e_sizes)[:-1]], e_sizes)  # each edge's rank's first global edge id
+    edges = _stack([p.edges for p in programs], prog.EDGE_COLUMNS)
+    off_of_edge = np.repeat(offsets[:-1], e_sizes)
+    edges["gid"] = edges["edge"].to_numpy(np.int64) + e_base
+    edges["gdst"] = edges["dst"].to_numpy(np.int64) + off_of_edge
+    src = edges["src"].to_numpy(np.int64)
+    edges["gsrc"] = np.where(src >= 0, src + off_of_edge, -1)
+    with_work = [(p, base) for p, base in zip(programs, np.r_[0, np.cumsum(e_sizes)[:-1]]) if len(p.work)]
+    if with_work:
+        work = _stack([p.work for p, _ in with_work], prog.WORK_COLUMNS, text=("phase",))
+        work["gedge"] = work["edge"].to_numpy(np.int64) + np.repeat(
+            np.array([b for _, b in with_work], np.int64), [len(p.work) for p, _ in with_work])
+    else:
+        work = prog._empty_work().assign(gedge=pd.Series(dtype="int64"))
     in_src = np.full((n, IN), -1, np.int64)
     in_edge = np.full((n, IN), -1, np.int64)
     in_slack = np.zeros((n, IN), np.int64)
@@ -148,6 +146,14 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
                        inst=inst, arr_nodes=arr, arr_slack=arr_slack, arr_bounds=bounds, edges=edges,
                        work=WorkArrays.of(work),
                        residual_ns=int(sum(p.residual_ns for p in programs)), notes=notes)
+
+
+def _stack(frames: list[pd.DataFrame], columns: list[str], text: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The ranks' program tables one after the other, every column int64 (``text`` ones object):
+    column by column, not through ``pd.concat`` of millions of rows per table."""
+    cols = {c: (pd.Series(np.concatenate([f[c].to_numpy(dtype=object) for f in frames]), dtype=object, copy=False)
+                if c in text else np.concatenate([f[c].to_numpy(np.int64) for f in frames])) for c in columns}
+    return pd.DataFrame(cols, copy=False)  # object stays object (not inferred as "str": it is coded next)
 
 
 def _slot_in_group(keys: np.ndarray) -> np.ndarray:
