@@ -167,15 +167,17 @@ _KINDS = ("host", "gpu", "acc")
 class WindowPhases:
     """Time per phase inside each window (``straggler_phases.window_phases``) of the three kinds.
 
-    Coded (``coded``): ``phase`` and ``category`` are int64 codes into ``names`` / ``categories``
-    per table (``vocab``), so a rank's tables cross to the driver and are joined without a
-    string per row (millions of rows at DEP32 x 1000); ``concat`` gives the codes of
-    ``straggler_phases.phase_codes`` over the joined tables."""
+    Coded (``coded``, one rank's): ``phase`` and ``category`` are int64 codes into that table's
+    own names (``vocab``), so a rank's tables cross to the driver without a string per row
+    (millions of rows at DEP32 x 1000). Joined (``concat`` of coded parts): codes into
+    ``names`` / ``categories``, exactly ``straggler_phases.phase_codes`` of the joined tables."""
 
     host: pd.DataFrame
     gpu: pd.DataFrame
     acc: pd.DataFrame
     vocab: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # kind -> (phase names, category names)
+    names: np.ndarray | None = None  # joined: the phase names of every table (``phase_codes``')
+    categories: np.ndarray | None = None
 
     def coded(self) -> "WindowPhases":
         """The tables with their names factorized, each against its own names."""
@@ -191,15 +193,19 @@ class WindowPhases:
         return WindowPhases(tables["host"], tables["gpu"], tables["acc"], vocab)
 
     def codes(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
-        """``straggler_phases.phase_codes`` of the three tables (from the codes when coded)."""
+        """``straggler_phases.phase_codes`` of the three tables (read off when joined)."""
+        tables = [getattr(self, k) for k in _KINDS]
+        if self.names is not None:
+            return ([(t["phase"].to_numpy(np.int64), t["category"].to_numpy(np.int64)) for t in tables],
+                    self.names, self.categories)
         if self.vocab is None:
-            return ph_mod.phase_codes([self.host, self.gpu, self.acc])
-        return _joined_codes([(getattr(self, k)["phase"].to_numpy(np.int64),) + self.vocab[k]
-                              + (getattr(self, k)["category"].to_numpy(np.int64),) for k in _KINDS])
+            return ph_mod.phase_codes(tables)
+        return _joined_codes([(t["phase"].to_numpy(np.int64),) + self.vocab[k] + (t["category"].to_numpy(np.int64),)
+                              for k, t in zip(_KINDS, tables)])
 
     @staticmethod
     def concat(parts: list["WindowPhases"]) -> "WindowPhases":
-        """The ranks' tables one after the other (coded parts: codes against the names of all)."""
+        """The ranks' tables one after the other (coded parts: joined, see the class)."""
         if parts and all(p.vocab is not None for p in parts):
             return _concat_coded(parts)
 
@@ -229,32 +235,25 @@ def _joined_codes(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 def _concat_coded(parts: list[WindowPhases]) -> WindowPhases:
-    """Coded parts joined: each kind's table in part order, codes against the names over all parts.
-    The names of a kind are its parts' names in order, so first appearances keep their order."""
-    tables, vocab = {}, {}
+    """Coded parts joined: each kind's table in part order, codes against the names of every part
+    and kind. Categories are named in order of first appearance over host, GPU, then accounting
+    tables, each in part order: the order ``phase_codes`` finds them in the joined tables."""
+    pieces = [(kind, p) for kind in _KINDS for p in parts if len(getattr(p, kind))]
+    codes, names, cats = _joined_codes([(getattr(p, kind)["phase"].to_numpy(np.int64),) + p.vocab[kind]
+                                        + (getattr(p, kind)["category"].to_numpy(np.int64),) for kind, p in pieces])
+    tables = {}
     for kind in _KINDS:
-        frames = [(getattr(p, kind), p.vocab[kind]) for p in parts if len(getattr(p, kind))]
-        if not frames:
+        mine = [(getattr(p, k), c) for (k, p), c in zip(pieces, codes) if k == kind]
+        if not mine:
             tables[kind] = pd.DataFrame({c: np.zeros(0, np.int64) for c in ph_mod.PHASE_COLUMNS})
-            vocab[kind] = (np.zeros(0, dtype=object), np.zeros(0, dtype=object))
             continue
-        (codes, names, cats) = _joined_codes([(f["phase"].to_numpy(np.int64), pu, cu, f["category"].to_numpy(np.int64))
-                                             for f, (pu, cu) in frames])
         tables[kind] = pd.DataFrame({
-            "window": np.concatenate([f["window"].to_numpy(np.int64) for f, _ in frames]),
-            "rank": np.concatenate([f["rank"].to_numpy(np.int64) for f, _ in frames]),
-            # a null phase took the last name; as the kind's own code it is -1 again
-            "phase": _null_last_to_minus_one(np.concatenate([c[0] for c in codes]), names),
-            "category": np.concatenate([c[1] for c in codes]),
-            "ns": np.concatenate([f["ns"].to_numpy(np.int64) for f, _ in frames])}, copy=False)
-        vocab[kind] = (names if names.size == 0 or names[-1] is not None else names[:-1], cats)
-    return WindowPhases(tables["host"], tables["gpu"], tables["acc"], vocab)
-
-
-def _null_last_to_minus_one(codes: np.ndarray, names: np.ndarray) -> np.ndarray:
-    if names.size and names[-1] is None:
-        return np.where(codes == names.size - 1, -1, codes)
-    return codes
+            "window": np.concatenate([f["window"].to_numpy(np.int64) for f, _ in mine]),
+            "rank": np.concatenate([f["rank"].to_numpy(np.int64) for f, _ in mine]),
+            "phase": np.concatenate([c[0] for _, c in mine]),
+            "category": np.concatenate([c[1] for _, c in mine]),
+            "ns": np.concatenate([f["ns"].to_numpy(np.int64) for f, _ in mine])}, copy=False)
+    return WindowPhases(tables["host"], tables["gpu"], tables["acc"], names=names, categories=cats)
 
 
 def plan_stragglers(instances: pd.DataFrame, extents: pd.DataFrame, steps: pd.DataFrame | None,
