@@ -148,7 +148,7 @@ def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame 
         "is_last": is_last,
         "caused_wait_ns": caused,
         "gpu_gated": gated,
-    })
+    }, copy=False)  # fresh arrays (or views of ``rows``, dropped here): not copied into blocks again
     return out[ARRIVAL_COLUMNS], report
 
 
@@ -275,9 +275,11 @@ def _step_of(rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.
     out = np.full(rank.size, NO_STEP, np.int64)
     if steps is None or not len(steps):
         return out
+    by_rank = np.argsort(rank, kind="stable")  # each rank's arrivals as one slice, not a mask per rank
+    sorted_rank = rank[by_rank]
     for r, g in steps.groupby("rank"):
-        m = rank == int(r)
-        if not m.any():
+        m = by_rank[np.searchsorted(sorted_rank, int(r), "left"):np.searchsorted(sorted_rank, int(r), "right")]
+        if not m.size:
             continue
         g = g.sort_values("start_ns")
         s = g["start_ns"].to_numpy(np.int64)
