@@ -124,12 +124,16 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         extents = trace_windows(schema.empty_frame())
     plan = plan_stragglers(instances, extents, steps, matched)
     sync_points = sync_point_table(instances, matched)
+    if matched is not None:  # finish_stragglers reads the instances only to match them: they are matched
+        plan.instances = None  # every rank's collective rows: the largest table the driver would keep
+    del instances
     # map 3 + reduce: phase sums in the straggler windows and the causes, then the verdicts
     by_rank = dict(iter(arrivals.groupby("rank", sort=False))) if arrivals is not None else {}
     fin = ex.map(stages.finish_task,
                  [(r, plan.windows(r) if plan.measured else None, by_rank.get(r), store, keep_aligned)
                   for r in ranks], labels)
     stats += [f.stats for f in fin]
+    del arrivals, by_rank
     phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
     for f in fin:
         f.phases = None

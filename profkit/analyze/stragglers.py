@@ -139,7 +139,7 @@ class StragglerPlan:
     report: dict
     extents: pd.DataFrame
     steps: pd.DataFrame | None
-    instances: pd.DataFrame
+    instances: pd.DataFrame | None  # None once matched (``matched``): the pipeline lets it go
     matched: pd.DataFrame | None
     host_w: pd.DataFrame | None = None  # per (rank, instance): last host sync -> arrival
     gpu_w: pd.DataFrame | None = None  # per (rank, GPU instance): previous collective exit -> arrival
