@@ -125,12 +125,27 @@ def test_real_capture_programs_replay_the_same(folder, monkeypatch):
     slow, forced_slow = rp.replay_numpy(g, cut, node_cut)
     assert forced_fast == forced_slow
     np.testing.assert_array_equal(fast, slow)
-    # the whole impact table, the kernel's scenario blocks included, is the same either way
+    # the whole impact table, the kernel's scenario blocks included, is the same either way; one
+    # scenario per block, so the compiled blocks are replayed on threads side by side
     monkeypatch.setattr(rp, "MIN_COMPILED_ROUNDS", 1)
+    monkeypatch.setattr(imp, "SCENARIO_BLOCK_BYTES", 1)
     assert rp.compiled(g)
     compiled = imp.what_if(a.impact, scen)
     monkeypatch.setenv(rp.NO_JIT_ENV, "1")
     pd.testing.assert_frame_equal(compiled, imp.what_if(a.impact, scen))
+
+
+def test_warm_up_loads_the_kernel_the_replay_runs():
+    """``warm_up`` (run in a background thread on large captures) must load the very
+    specialization a replay then calls: a replay after it compiles nothing new."""
+    from profkit.analyze.replay_kernel import replay_points
+
+    assert rp.warm_up()
+    warmed = set(replay_points.signatures)
+    g, n_edges = random_graph(np.random.default_rng(3), ranks=3, instances=6, swap_p=0.0)
+    rp.replay(g, np.zeros((n_edges, 2), np.int64), np.zeros((g.n, 2), np.int64), use_kernel=True)
+    rp.replay(g, np.zeros((n_edges, 1), np.int64), use_kernel=True)
+    assert set(replay_points.signatures) == warmed
 
 
 def test_the_kernel_runs_from_its_size_on_and_numpy_can_be_forced(monkeypatch):
