@@ -118,37 +118,57 @@ def op_coll_name(name: str) -> str:
 
 
 # ---- per rank: host-blocking collectives -----------------------------------------------------
-def host_sync_rows(events: pd.DataFrame, host: pd.DataFrame, op_labels, sync_names: dict[str, str] | None = None
-                   ) -> pd.DataFrame:
+def host_sync_rows(events: pd.DataFrame, host_rows: np.ndarray, op_labels,
+                   sync_names: dict[str, str] | None = None) -> pd.DataFrame:
     """Candidate rows (``collectives`` format plus the sync columns) of every host-blocking
     collective in ``events`` (any number of ranks).
 
-    ``host``: the cpu_op / cpu_span rows (``collectives._HOST_COLUMNS``, index = event labels);
-    ``op_labels``: labels of the collective ops that run no GPU kernel (decided by the caller);
+    ``host_rows``: positions of the cpu_op / cpu_span rows in ``events``;
+    ``op_labels``: index labels of the collective ops that run no GPU kernel (decided by the caller);
     ``sync_names``: span names recognized across ranks (``decide_sync_names``: name -> evidence).
+    Names and categories are tested once per distinct value (``column_codes``).
     """
     sync_names = sync_names or {}
-    names = host["name"].astype("string").fillna("")
-    is_op = host.index.isin(pd.Index(op_labels))
-    gloo = names.str.match(GLOO_RE).to_numpy(dtype=bool)
-    span_kind = (host["kind"] == schema.CPU_SPAN).to_numpy(dtype=bool) if "kind" in host else np.ones(len(host), bool)
-    by_name = is_name_evidence(names, host["category"])
-    cross = names.isin(list(sync_names)).to_numpy(dtype=bool) if sync_names else np.zeros(len(host), bool)
+    host_rows = np.asarray(host_rows, np.int64)
+    name_c, name_u = column_codes(events, "name")
+    hn = name_c[host_rows]
+    is_op = events.index[host_rows].isin(pd.Index(op_labels))
+    gloo = code_flags(name_u, hn, lambda u: u.str.match(GLOO_RE), as_string=True)
+    kind_c, kind_u = column_codes(events, "kind")
+    span_kind = code_flags(kind_u, kind_c[host_rows], lambda u: u == schema.CPU_SPAN, missing=None)
+    cat_c, cat_u = column_codes(events, "category")
+    by_name = code_flags(name_u, hn, lambda u: u.str.contains(NAME_SYNC_RE), as_string=True) | code_flags(
+        cat_u, cat_c[host_rows], lambda u: u == DP_SYNC_CATEGORY, as_string=True)
+    cross = code_flags(name_u, hn, lambda u: u.isin(list(sync_names)), as_string=True) if sync_names \
+        else np.zeros(host_rows.size, bool)
     named = span_kind & ~gloo & ~is_op & (by_name | cross)
     if not (is_op.any() or gloo.any() or named.any()):
         return pd.DataFrame()
     ctx = _thread_context(events)
     frames = []
     if is_op.any():
-        frames.append(_op_members(host[is_op], ctx))
+        frames.append(_op_members(_rows(events, host_rows[is_op]), ctx))
     if gloo.any():
-        frames.append(_plain_members(host[gloo], GLOO_SPAN, calling=False))
+        frames.append(_plain_members(_rows(events, host_rows[gloo]), GLOO_SPAN, calling=False))
     if named.any():
-        ev = np.where(cross[named], [sync_names.get(n, NAME) for n in names[named]], NAME)
+        named_names = np.array(list(name_u) + [""], dtype=object)[np.where(hn[named] < 0, len(name_u), hn[named])]
+        ev = np.where(cross[named], [sync_names.get(n, NAME) for n in named_names], NAME)
         ev = np.where(by_name[named] & cross[named], [f"{NAME}+{e}" if e != NAME else e for e in ev], ev)
-        frames.append(_span_members(host[named], ev, ctx))
+        frames.append(_span_members(_rows(events, host_rows[named]), ev, ctx))
     members = pd.concat([f for f in frames if len(f)], ignore_index=True)
     return _clusters(members)
+
+
+HOST_COLUMNS = ("rank", "kind", "name", "category", "start_ns", "end_ns", "pid", "tid", "coll_name", "coll_group",
+                "coll_seq")
+
+
+def _rows(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...] = HOST_COLUMNS) -> pd.DataFrame:
+    """The rows at positions ``rows`` (ascending), only ``columns`` (index labels kept): taking
+    rows of every column of the wide Arrow table costs much more."""
+    mask = np.zeros(len(events), bool)
+    mask[rows] = True
+    return events.loc[mask, list(columns)]
 
 
 class _ThreadContext:
@@ -156,22 +176,22 @@ class _ThreadContext:
     OS calls (where it waited). Built lazily, once per thread asked about."""
 
     def __init__(self, events: pd.DataFrame):
-        kind = events["kind"]
-        keep = kind.isin(_HOST_EVENT_KINDS + (schema.OSRT,)).to_numpy(dtype=bool) & events["tid"].notna().to_numpy(bool)
-        ev = events.loc[keep, ["rank", "start_ns", "end_ns", "pid", "tid"]]
-        self.key = _thread_key(ev)
         # kinds and names as codes of the whole columns (taking rows of string columns is the slow
         # part); a missing name is ""
-        kind_codes, kind_uniques = pd.factorize(kind, use_na_sentinel=True)
-        kind_codes = np.asarray(kind_codes, np.int64)[keep]
-        kind_u = np.array([str(u) for u in kind_uniques] + [""], dtype=object)
+        kind_codes, kind_uniques = column_codes(events, "kind")
+        kind_u = np.array(list(kind_uniques) + [""], dtype=object)
+        kind_all = np.where(kind_codes < 0, len(kind_u) - 1, kind_codes)
+        keep = np.isin(kind_u, list(_HOST_EVENT_KINDS + (schema.OSRT,)))[kind_all] & events["tid"].notna().to_numpy(bool)
+        ev = events.loc[keep, ["rank", "start_ns", "end_ns", "pid", "tid"]]
+        self.key = _thread_key(ev)
+        kind_codes = kind_all[keep]
 
         def is_kind(*kinds: str) -> np.ndarray:
             return np.isin(kind_u, list(kinds))[kind_codes]
-        codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
-        uniques = pd.Series(np.array([str(u) for u in uniques] + [""], dtype=object), dtype=object)
+        codes, uniques = column_codes(events, "name")
+        uniques = pd.Series(np.array(list(uniques) + [""], dtype=object), dtype=object)
         self.names = uniques.to_numpy(dtype=object)
-        codes = np.asarray(codes, np.int64)[keep]
+        codes = codes[keep]
         self.name = np.where(codes < 0, len(uniques) - 1, codes)
         # per unique name, once: a Gloo worker span, a blocking OS call name
         gloo = uniques.str.match(GLOO_RE).to_numpy(bool)
@@ -197,7 +217,7 @@ class _ThreadContext:
         name, start, end = self.name[a:b], self.start[a:b], self.end[a:b]
         act, span, block = self.act[a:b], self.span[a:b], self.block[a:b]
         got = {
-            "act_starts": np.sort(start[act]),
+            "act_starts": start[act],  # sorted: the rows are in (thread, start) order
             "spans": make_layer(start[span], end[span], name[span]),
             "block_s": start[block], "block_e": end[block],
         }
@@ -250,30 +270,78 @@ class _ThreadContext:
         return first, blocked
 
 
-_SHARED: list[tuple[pd.DataFrame, _ThreadContext | None]] = []  # (events, its context) inside ``shared_context``
+class _Shared:
+    """What the per-rank functions of one frame share inside ``shared_context``: the thread
+    context and the string columns as codes (factorized once, not once per function)."""
+
+    def __init__(self, events: pd.DataFrame):
+        self.events = events
+        self.ctx: _ThreadContext | None = None
+        self.codes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+_SHARED: list[_Shared] = []  # one per open ``shared_context`` block
 
 
 @contextlib.contextmanager
 def shared_context(events: pd.DataFrame):
     """Inside this block, ``host_sync_rows`` and ``span_facts`` of this very ``events`` frame share
     one ``_ThreadContext`` (the per-thread arrays of a rank, built once instead of twice in the
-    scale path's prepare task). The frame must not change inside the block."""
-    _SHARED.append((events, None))
+    scale path's prepare task) and the codes of its string columns. The frame must not change
+    inside the block."""
+    _SHARED.append(_Shared(events))
     try:
         yield
     finally:
         _SHARED.pop()
 
 
+@contextlib.contextmanager
+def sharing(events: pd.DataFrame):
+    """``shared_context(events)`` unless a block of this very frame is already open (then that one)."""
+    if _SHARED and _SHARED[-1].events is events:
+        yield
+    else:
+        with shared_context(events):
+            yield
+
+
 def _thread_context(events: pd.DataFrame) -> _ThreadContext:
     """``_ThreadContext(events)``, built once per ``shared_context`` block of that frame."""
-    if _SHARED and _SHARED[-1][0] is events:
-        ctx = _SHARED[-1][1]
-        if ctx is None:
-            ctx = _ThreadContext(events)
-            _SHARED[-1] = (events, ctx)
-        return ctx
+    if _SHARED and _SHARED[-1].events is events:
+        if _SHARED[-1].ctx is None:
+            _SHARED[-1].ctx = _ThreadContext(events)
+        return _SHARED[-1].ctx
     return _ThreadContext(events)
+
+
+def column_codes(events: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """A string column as (codes: int64 per row, -1 where missing; distinct values: an object
+    array of Python strings), factorized once per ``shared_context`` block of that frame.
+    Why: tests and takes of the strings of hundreds of thousands of rows cost more than all the
+    rest; the distinct values are a few hundred."""
+    shared = _SHARED[-1] if _SHARED and _SHARED[-1].events is events else None
+    got = shared.codes.get(col) if shared is not None else None
+    if got is None:
+        codes, uniques = pd.factorize(events[col], use_na_sentinel=True)
+        got = (np.asarray(codes, np.int64), np.array([str(u) for u in uniques], dtype=object))
+        if shared is not None:
+            shared.codes[col] = got
+    return got
+
+
+def code_flags(uniques: np.ndarray, codes: np.ndarray, test, missing: str | None = "",
+               as_string: bool = False) -> np.ndarray:
+    """``test`` (a Series of strings -> bools) of each row's value, run once per distinct value:
+    a missing value is tested as ``missing`` ("" by default; None: False). ``as_string``: test
+    a ``string`` Series (as ``col.astype("string").fillna("")`` did), else an object one."""
+    extra = [missing] if missing is not None else []
+    distinct = pd.Series(np.array(list(uniques) + extra, dtype=object), dtype=object)
+    if as_string:
+        distinct = distinct.astype("string")
+    flags = np.asarray(test(distinct), dtype=bool) if len(distinct) else np.zeros(0, bool)
+    flags = np.r_[flags, False] if missing is None else flags
+    return flags[np.where(codes < 0, len(uniques), codes)] if codes.size else np.zeros(0, bool)
 
 
 def _thread_key(df: pd.DataFrame) -> np.ndarray:
@@ -468,7 +536,74 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     """Per rank and span name: instances, time, time in blocking OS calls on its thread, and how
     many instances hold a collective of their own (``FACT_COLUMNS``); and a central block of up to
     ``SAMPLE_PER_NAME`` instances (``SAMPLE_COLUMNS``) for the aligned-ends test. Small: one row per
-    name, 64 per name. Library spans (Gloo, NCCL, ProfilerStep, ...) and ``exclude`` are skipped."""
+    name, 64 per name. Library spans (Gloo, NCCL, ProfilerStep, ...) and ``exclude`` are skipped.
+    Spans are grouped by name codes (``column_codes``); the strings are made only for the result."""
+    kind_c, kind_u = column_codes(events, "kind")
+    is_span = code_flags(kind_u, kind_c, lambda u: u == schema.CPU_SPAN, missing=None)
+    rows = np.flatnonzero(is_span & events["tid"].notna().to_numpy(bool))
+    if not rows.size:
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
+    name_c, name_u = column_codes(events, "name")
+    code = name_c[rows]
+    if (code < 0).any():  # a span without a name: the frame path groups as it always did
+        return _span_facts_frames(events, exclude)
+    lib = code_flags(name_u, code, lambda u: u.str.match(_LIBRARY_RE) | (
+        u.str.contains(exclude) if exclude is not None else False))
+    rows, code = rows[~lib], code[~lib]
+    if not rows.size:
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
+    rank = events["rank"].to_numpy(np.int64)[rows]
+    # (rank, name) groups in the order of (rank, name as text), as groupby sorts them
+    by_text = np.empty(len(name_u), np.int64)
+    by_text[np.argsort(name_u, kind="stable")] = np.arange(len(name_u))
+    _, ginv, gcount = np.unique(rank * np.int64(len(name_u)) + by_text[code], return_inverse=True, return_counts=True)
+    ok = gcount[ginv.reshape(-1)] >= MIN_INSTANCES
+    rows, code, rank = rows[ok], code[ok], rank[ok]
+    if not rows.size:
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
+    ctx = _thread_context(events)
+    coll_by_rank, sync_by_thread = _collective_marks(events)
+    key = _thread_key(_rows(events, rows, ("rank", "pid", "tid")))
+    s = events["start_ns"].to_numpy(np.int64)[rows]
+    e = events["end_ns"].to_numpy(np.int64)[rows]
+    blocked = np.zeros(rows.size, np.int64)
+    holds = np.zeros(rows.size, bool)
+
+    def inside(starts: np.ndarray | None, m: np.ndarray) -> np.ndarray:
+        if starts is None or not starts.size:
+            return np.zeros(int(m.sum()), bool)
+        return np.searchsorted(starts, e[m], side="left") > np.searchsorted(starts, s[m], side="left")
+
+    for k in np.unique(key):
+        m = key == k
+        _, blocked[m] = ctx.longest_block(int(k), s[m], e[m])
+        holds[m] |= inside(sync_by_thread.get(int(k)), m)
+    for r in np.unique(rank):
+        m = rank == r
+        holds[m] |= inside(coll_by_rank.get(int(r)), m)
+    gkey = rank * np.int64(len(name_u)) + by_text[code]
+    order = np.lexsort((s, gkey))  # stable: rows of one start keep their order
+    gk = gkey[order]
+    first = np.flatnonzero(np.r_[True, gk[1:] != gk[:-1]])
+    n = np.diff(np.r_[first, gk.size])
+    g_rank, g_code = rank[order][first], code[order][first]
+    dur = (e - s)[order]
+    facts = pd.DataFrame({"rank": g_rank, "name": name_u[g_code], "n": n.astype(np.int64),
+                          "total_ns": np.add.reduceat(dur, first).astype(np.int64),
+                          "blocked_ns": np.add.reduceat(blocked[order], first).astype(np.int64),
+                          "with_collective": np.add.reduceat(holds[order].astype(np.int64), first).astype(np.int64)})
+    pos = np.arange(gk.size) - np.repeat(first, n)
+    size = np.repeat(n, n)
+    lo = np.maximum((size - SAMPLE_PER_NAME) // 2, 0)
+    pick = order[(pos >= lo) & (pos < lo + SAMPLE_PER_NAME)]
+    sample = pd.DataFrame({"rank": rank[pick], "name": name_u[code[pick]], "start_ns": s[pick], "end_ns": e[pick]})
+    return facts[FACT_COLUMNS], sample
+
+
+def _span_facts_frames(events: pd.DataFrame, exclude: re.Pattern[str] | None = None
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``span_facts`` grouping the spans' rows as frames (spans without a name: pandas drops
+    them from the groups)."""
     spans = events.loc[(events["kind"] == schema.CPU_SPAN).to_numpy(bool) & events["tid"].notna().to_numpy(bool),
                        [c for c in ("rank", "name", "start_ns", "end_ns", "pid", "tid") if c in events.columns]]
     if not len(spans):
@@ -527,17 +662,19 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
 
     # flags over whole columns (names tested once per distinct name): no rows of the string
     # columns are taken, only the few sync rows' thread ids
-    kind = events["kind"]
-    is_host = kind.isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool)
+    kind_c, kind_u = column_codes(events, "kind")
+    is_host = code_flags(kind_u, kind_c, lambda u: u.isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]),
+                         missing=None)
     if not is_host.any():
         return {}, {}
-    is_rt = (kind == schema.RUNTIME).to_numpy(bool, na_value=False)
-    names = events["name"]
-    coll = _name_flags(names, lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
-                       | u.str.match(r"^(?:nccl|rccl)", case=False))
-    coll |= (events["category"] == "NCCL").to_numpy(bool, na_value=False) | events["coll_name"].notna().to_numpy(bool)
+    is_rt = code_flags(kind_u, kind_c, lambda u: u == schema.RUNTIME, missing=None)
+    name_c, name_u = column_codes(events, "name")
+    coll = code_flags(name_u, name_c, lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
+                      | u.str.match(r"^(?:nccl|rccl)", case=False))
+    cat_c, cat_u = column_codes(events, "category")
+    coll |= code_flags(cat_u, cat_c, lambda u: u == "NCCL", missing=None) | events["coll_name"].notna().to_numpy(bool)
     coll &= is_host & ~is_rt
-    sync = is_rt & _name_flags(names, lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
+    sync = is_rt & code_flags(name_u, name_c, lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
     starts = events["start_ns"].to_numpy(np.int64)
     ranks = events["rank"].to_numpy(np.int64)
     by_rank = {int(r): np.sort(starts[coll & (ranks == r)]) for r in np.unique(ranks[coll])}
