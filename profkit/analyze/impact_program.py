@@ -212,14 +212,15 @@ def rank_program(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame, host_piece
     sy = syncs[syncs["rank"].to_numpy(np.int64) == rank] if len(syncs) else syncs
     ops = gpu_ops_table
     h_s, h_e = hp["start_ns"].to_numpy(np.int64), hp["end_ns"].to_numpy(np.int64)
-    h_ph = hp["phase"].astype(str).to_numpy(dtype=object)
-    h_cat = hp["category"].astype(str).to_numpy(dtype=object)
+    h_ph, ph_codes, ph_names = _text_column(hp["phase"])
+    h_cat, cat_codes, cat_names = _text_column(hp["category"])
     times = [h_s[:1], ops["start_ns"].to_numpy(np.int64)[:1], sy["arrive_ns"].to_numpy(np.int64)]
     if st is not None and len(st):
         times.append(st["start_ns"].to_numpy(np.int64))
     t0 = int(min((int(t.min()) for t in times if t.size), default=0))
 
     b = _Builder(rank, t0)
+    b.host_codes = (ph_codes, ph_names, cat_codes, cat_names)
     # sync points
     sy_lane = sy["lane"].astype(str).to_numpy()
     for lane_name, lane in LANE_NAMES.items():
@@ -304,6 +305,7 @@ class _Builder:
         self.cols: dict[str, list[np.ndarray]] = {c: [np.array([v], np.int64)] for c, v in (
             ("lane", HOST), ("kind", START), ("time", t0), ("instance", -1), ("step", -1))}
         self.n = 1
+        self.host_codes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # ``_text_column``s
         self.resume_of: dict[int, tuple[int, int, int]] = {}  # resume -> (its GPU-done point, host wait, GPU idle)
         self.sync_phase: dict[int, str] = {}  # resume point -> the name of the sync it waited in
         self.notes: list[str] = []
@@ -577,8 +579,10 @@ class _Builder:
             ps, pe, ph, cat = pieces
             if not m.any() or not ps.size:
                 continue
-            keep = ~(_wait_mask(ph, cat) | _waiting_on_gpu(ph, cat)) if wl == HOST else np.ones(ps.size, bool)
-            got = _window_sums(ps[keep], pe[keep], ph[keep], lo_t[m], hi_t[m], eid[m])
+            coded = self.host_codes if wl == HOST else None
+            keep = ~(_wait_mask(ph, cat, coded) | _waiting_on_gpu(ph, cat)) if wl == HOST else np.ones(ps.size, bool)
+            got = _window_sums(ps[keep], pe[keep], ph[keep], lo_t[m], hi_t[m], eid[m],
+                               (coded[0][keep], coded[1]) if coded is not None else None)
             if got is not None:
                 parts.append((wl,) + got)
             if wl == GPU:
@@ -674,9 +678,11 @@ def _merged_order(n: int, time: np.ndarray, e_src: np.ndarray, e_kind: np.ndarra
     return out if fine.all() else None
 
 
-def _window_sums(ps, pe, ph, ws, we, wid) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _window_sums(ps, pe, ph, ws, we, wid, coded: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Time per phase of sorted disjoint pieces inside each window (windows sorted and disjoint:
-    consecutive edges of one lane), as (window id, phase, ns) arrays."""
+    consecutive edges of one lane), as (window id, phase, ns) arrays. ``coded``: ``ph`` as codes
+    of a column and its distinct values (``_text_column``), to factorize integers, not strings."""
     ok = we > ws
     ws, we, wid = ws[ok], we[ok], wid[ok]
     if not ps.size or not ws.size:
@@ -688,7 +694,11 @@ def _window_sums(ps, pe, ph, ws, we, wid) -> tuple[np.ndarray, np.ndarray, np.nd
     inside[inside] &= e[inside] <= we[w[inside]]
     if not inside.any():
         return None
-    codes, names = pd.factorize(pd.Series(ph, dtype=object))
+    if coded is None:
+        codes, names = pd.factorize(pd.Series(ph, dtype=object))
+    else:  # the same codes (first appearance in ``ph``) and names, factorizing the column's codes
+        codes, first = pd.factorize(coded[0])
+        names = np.asarray(coded[1], dtype=object)[first]
     key = w[inside] * np.int64(max(len(names), 1)) + codes[owner[inside]]
     uniq, inv = np.unique(key, return_inverse=True)
     ns = np.bincount(inv, weights=(e[inside] - s[inside]).astype(np.float64)).astype(np.int64)
@@ -703,17 +713,35 @@ def _tie(order: dict[int, int], kinds: np.ndarray) -> np.ndarray:
     return lookup[kinds]
 
 
-def _wait_mask(ph: np.ndarray, cat: np.ndarray) -> np.ndarray:
-    """``is_wait`` of each piece, decided once per distinct (phase, category)."""
+def _wait_mask(ph: np.ndarray, cat: np.ndarray, coded: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
+    """``is_wait`` of each piece, decided once per distinct (phase, category). ``coded``: the
+    two columns' codes and distinct values (``_text_column``), when the caller has them."""
     if not ph.size:
         return np.zeros(0, bool)
     # decided per distinct (phase, category) pair: the two codes combined into one
-    pc, pu = _str_factorize(ph)
-    cc, cu = _str_factorize(cat)
+    if coded is not None:
+        pc, pu, cc, cu = coded
+    else:
+        pc, pu = _str_factorize(ph)
+        cc, cu = _str_factorize(cat)
     k = max(len(cu), 1)
-    pairs, inverse = np.unique(np.asarray(pc, np.int64) * k + np.asarray(cc, np.int64), return_inverse=True)
+    inverse, pairs = pd.factorize(np.asarray(pc, np.int64) * k + np.asarray(cc, np.int64))
     flags = np.array([is_wait(str(pu[v // k]), str(cu[v % k])) for v in pairs.tolist()], bool)
-    return flags[inverse.reshape(-1)]
+    return flags[inverse]
+
+
+def _text_column(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``col.astype(str).to_numpy(dtype=object)``, its codes and distinct values as
+    ``_str_factorize`` gives them: from one factorize of the column (Arrow's hash of its strings,
+    then one Python string per distinct value, shared by its rows)."""
+    codes, uniques = pd.factorize(col, use_na_sentinel=True)
+    codes = np.asarray(codes, np.int64)
+    if (codes < 0).any() or not all(type(u) is str for u in uniques):  # as pandas spells them
+        objects = col.astype(str).to_numpy(dtype=object)
+        c, u = _str_factorize(objects)
+        return objects, np.asarray(c, np.int64), np.asarray(u, dtype=object)
+    names = np.array([str(u) for u in uniques], dtype=object)
+    return (names[codes] if codes.size else np.empty(0, dtype=object)), codes, names
 
 
 def _str_factorize(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -449,85 +449,119 @@ def _member_frame(b: dict, evidence, *, region_start, region_end, arrive, exit_,
 
 
 def _clusters(m: pd.DataFrame) -> pd.DataFrame:
-    """Overlapping members of one process are one instance (candidate rows, see module docstring)."""
-    m = m.sort_values(["rank", "pid", "r_start", "r_end"], ascending=[True, True, True, False], kind="stable")
-    m = m.reset_index(drop=True)
-    proc = m["rank"].to_numpy(np.int64) * (1 << 32) + (m["pid"].to_numpy(np.int64) & 0xFFFFFFFF)
-    s, e = m["r_start"].to_numpy(np.int64), m["r_end"].to_numpy(np.int64)
+    """Overlapping members of one process are one instance (candidate rows, see module docstring).
+
+    Per block of overlapping members, with array operations (a few thousand members per rank:
+    pandas' per-call cost of tens of grouped operations was most of the time): the block's first
+    member in each of several orders, and min / max of the members' times that are set (>= 0)."""
+    order = np.lexsort((-m["r_end"].to_numpy(np.int64), m["r_start"].to_numpy(np.int64),
+                        m["pid"].to_numpy(np.int64), m["rank"].to_numpy(np.int64)))  # stable
+    col = {c: m[c].to_numpy(dtype=object if c in _MEMBER_TEXT else None)[order] for c in m.columns}
+    proc = col["rank"].astype(np.int64) * (1 << 32) + (col["pid"].astype(np.int64) & 0xFFFFFFFF)
+    s, e = col["r_start"].astype(np.int64), col["r_end"].astype(np.int64)
     new = np.r_[True, proc[1:] != proc[:-1]]
     run_end = pd.Series(e).groupby(np.cumsum(new)).cummax().to_numpy()
     new |= np.r_[False, s[1:] > run_end[:-1]]
-    m["block"] = np.cumsum(new) - 1
-    g = m.groupby("block", sort=True)
-    calling = m[m["calling"]]
-    blocks = g.size().index
+    block = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    nb = starts.size
+    calling = col["calling"].astype(bool)
+    prio = col["prio"].astype(np.int64)
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
-    def agg(frame: pd.DataFrame, col: str, how: str) -> pd.Series:
-        """Min / max of ``col`` (>= 0 only) per block, as nullable Int64: epoch nanoseconds
-        must never pass through float64 (256 ns steps at today's epoch)."""
-        ok = frame[frame[col].to_numpy(np.int64) >= 0]
-        return getattr(ok.groupby("block")[col], how)().astype("Int64").reindex(blocks)
+    def agg(name: str, how: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(value, set) per block: min / max of ``name`` over the rows (all, or ``rows``) where it is >= 0."""
+        v = col[name].astype(np.int64)
+        ok = v >= 0 if rows is None else (v >= 0) & rows
+        fill = big if how == "min" else small
+        red = (np.minimum if how == "min" else np.maximum).reduceat(np.where(ok, v, fill), starts)
+        return red, np.add.reduceat(ok.astype(np.int64), starts) > 0
 
-    first_start = g["r_start"].min().astype("Int64")
-    arrive = agg(m, "op_start", "min").fillna(agg(calling, "arrive", "min")).fillna(first_start).astype("int64")
-    gloo_end = agg(m, "common_end", "max")
-    exit_ = agg(calling, "exit", "max").fillna(gloo_end).fillna(g["r_end"].max().astype("Int64")).astype("int64")
-    end = gloo_end.fillna(exit_.astype("Int64")).astype("int64")
+    def first(keys: tuple[np.ndarray, ...], rows: np.ndarray | None = None) -> np.ndarray:
+        """Per block, the member first in the stable order of (block, *keys) among ``rows``; -1 if none."""
+        o = np.lexsort(tuple(reversed(keys)) + (block,))
+        if rows is not None:
+            o = o[rows[o]]
+        out = np.full(nb, -1, np.int64)
+        if o.size:
+            b = block[o]
+            head = np.r_[True, b[1:] != b[:-1]]
+            out[b[head]] = o[head]
+        return out
+
+    first_start = np.minimum.reduceat(s, starts)
+    op_start, has_op = agg("op_start", "min")
+    c_arrive, has_ca = agg("arrive", "min", calling)
+    arrive = np.where(has_op, op_start, np.where(has_ca, c_arrive, first_start))
+    gloo_end, has_gloo = agg("common_end", "max")
+    c_exit, has_ce = agg("exit", "max", calling)
+    exit_ = np.where(has_ce, c_exit, np.where(has_gloo, gloo_end, np.maximum.reduceat(e, starts)))
+    end = np.where(has_gloo, gloo_end, exit_)
     # the sync span: a recognized span member, else the op's enclosing span, else the op itself
-    spans = m[(m["span_start"] >= 0) & m["span_name"].notna()].sort_values(["block", "prio", "span_start"],
-                                                                             ascending=[True, False, True],
-                                                                             kind="stable")
-    sp = spans.groupby("block").head(1).set_index("block")
-    sp_start = sp["span_start"].astype("Int64").reindex(blocks)  # before reindex turns it to float
-    sp = sp.reindex(blocks)
-    best = m.sort_values(["block", "prio", "r_end"], ascending=[True, True, False], kind="stable")
-    best = best.groupby("block").head(1).set_index("block").reindex(blocks)
-    by_call = m.sort_values(["block", "calling", "prio"], ascending=[True, False, True], kind="stable")
-    caller = by_call.groupby("block").head(1).set_index("block").reindex(blocks)
+    span_start_m = col["span_start"].astype(np.int64)
+    span_name_m = col["span_name"]
+    sp = first((-prio, span_start_m), (span_start_m >= 0) & ~pd.isna(span_name_m))
+    best = first((prio, -e))
+    caller = first((~calling, prio))
     # evidence of a block: the union of its members' (each a "+"-joined set), as bits
-    tokens = sorted({x for e in pd.unique(m["evidence"].astype(str)) for x in e.split("+")})
+    ev = col["evidence"].astype(str)
+    tokens = sorted({x for t in pd.unique(ev) for x in t.split("+")})
     bit = {t: 1 << i for i, t in enumerate(tokens)}
-    mask_of = {e: sum(bit[x] for x in set(e.split("+"))) for e in pd.unique(m["evidence"].astype(str))}
-    masks = np.bitwise_or.reduceat(m["evidence"].astype(str).map(mask_of).to_numpy(np.int64),
-                                   np.flatnonzero(np.r_[True, np.diff(m["block"].to_numpy()) != 0]))
-    evidence = pd.Series(["+".join(t for t in tokens if mk & bit[t]) for mk in masks], index=blocks)
-    group = m.dropna(subset=["group"]).groupby("block")["group"].first().reindex(blocks)
-    seq = m[m["seq"] >= 0].groupby("block")["seq"].first().reindex(blocks)
+    mask_of = {t: sum(bit[x] for x in set(t.split("+"))) for t in pd.unique(ev)}
+    masks = np.bitwise_or.reduceat(np.array([mask_of[t] for t in ev], np.int64), starts)
+    evidence = np.array(["+".join(t for t in tokens if mk & bit[t]) for mk in masks.tolist()], dtype=object)
+    group_at = first((), ~pd.isna(col["group"]))
+    group = np.array([col["group"][i] if i >= 0 else None for i in group_at.tolist()], dtype=object)
+    seq_at = first((), col["seq"].astype(np.int64) >= 0)
+    seq = pd.arrays.IntegerArray(np.where(seq_at >= 0, col["seq"].astype(np.int64)[np.maximum(seq_at, 0)], 0),
+                                 seq_at < 0).to_numpy()  # as Int64's to_numpy: ints, or objects with NA
     # the collective's name: Gloo's, the op's, a recognized span's guess
-    coll = m.sort_values(["block", "prio"], kind="stable").groupby("block")["coll"].first().reindex(blocks)
-    shown = m[m["prio"] <= 1].sort_values(["block", "prio"], kind="stable")
-    known = shown.groupby("block")["coll"].first().reindex(blocks)
-    span_start = sp_start.fillna(first_start).astype("int64")
-    span_name = sp["span_name"].where(sp["span_name"].notna(), best["name"])
-    n = len(blocks)
-    out = pd.DataFrame({
-        "rank": best["rank"].to_numpy(np.int64),
+    coll_ok = ~pd.isna(col["coll"])
+    coll = _at(col["coll"], first((prio,), coll_ok))
+    known = _at(col["coll"], first((prio,), coll_ok & (prio <= 1)))
+    span_start = np.where(sp >= 0, span_start_m[np.maximum(sp, 0)], first_start)
+    sp_name = _at(span_name_m, sp)
+    span_name = np.where(~pd.isna(sp_name), sp_name, col["name"][best]).astype(object)
+    pid = col["pid"].astype(np.int64)[caller]
+    tid = col["tid"].astype(np.int64)[caller]
+    n = nb
+    return pd.DataFrame({
+        "rank": col["rank"].astype(np.int64)[best],
         "source_kind": "cpu_span",
-        "group": group.astype(object).where(group.notna(), None).to_numpy(dtype=object),
-        "seq": seq.astype("Int64").to_numpy(),
-        "coll_name": coll.to_numpy(dtype=object),
-        "start_ns": arrive.to_numpy(np.int64),
-        "end_ns": end.to_numpy(np.int64),
-        "name": best["name"].to_numpy(dtype=object),
+        "group": group,
+        "seq": seq,
+        "coll_name": coll,
+        "start_ns": arrive,
+        "end_ns": end,
+        "name": col["name"][best],
         "device": pd.array([pd.NA] * n, dtype="Int64"),
         "stream": pd.array([pd.NA] * n, dtype="Int64"),
-        "pid": pd.array(caller["pid"].to_numpy(np.int64), dtype="Int64"),
-        "tid": pd.array(caller["tid"].to_numpy(np.int64), dtype="Int64"),
+        "pid": pd.arrays.IntegerArray(np.maximum(pid, 0), pid < 0),
+        "tid": pd.arrays.IntegerArray(np.maximum(tid, 0), tid < 0),
         "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
-        "host_start_ns": pd.array(span_start.to_numpy(np.int64), dtype="Int64"),
-        "host_end_ns": pd.array(exit_.to_numpy(np.int64), dtype="Int64"),
-        "arrive_ns": arrive.to_numpy(np.int64),
-        "exit_ns": np.maximum(exit_.to_numpy(np.int64), arrive.to_numpy(np.int64)),
-        "span_start_ns": span_start.to_numpy(np.int64),
-        "span_name": span_name.to_numpy(dtype=object),
-        "evidence": evidence.to_numpy(dtype=object),
+        "host_start_ns": pd.array(span_start, dtype="Int64"),
+        "host_end_ns": pd.array(exit_, dtype="Int64"),
+        "arrive_ns": arrive,
+        "exit_ns": np.maximum(exit_, arrive),
+        "span_start_ns": span_start,
+        "span_name": span_name,
+        "evidence": evidence,
         # waits are labelled by the collective where the trace shows it (a Gloo span, an op),
         # else by the sync span: never by a guess made from a name, so renaming spans changes
         # the label only by that name
-        "wait_name": np.where(known.notna(), known, span_name.where(span_name.notna(), coll)).astype(object),
+        "wait_name": np.where(~pd.isna(known), known, np.where(~pd.isna(span_name), span_name, coll)).astype(object),
     })
-    out.loc[out["pid"] < 0, "pid"] = pd.NA
-    out.loc[out["tid"] < 0, "tid"] = pd.NA
+
+
+_MEMBER_TEXT = {"name", "group", "coll", "evidence", "span_name"}
+
+
+def _at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values[rows]`` as objects, NaN where ``rows`` is -1 (a block without such a member,
+    as ``reindex`` left it)."""
+    out = np.full(rows.size, np.nan, dtype=object)
+    ok = rows >= 0
+    out[ok] = values[rows[ok]]
     return out
 
 
