@@ -305,11 +305,23 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
             c_weak[r[fill]] = c_weak_s[c[fill]]
             cur = np.where(live, parent[np.maximum(cur, 0)], -1)
     kernels["group"] = group
-    kernels["seq"] = pd.array([None if v is pd.NA else v for v in seq], dtype="Int64")
+    kernels["seq"] = _int64_array(seq)
     kernels["coll_name"] = coll
     kernels["host_start_ns"] = pd.arrays.IntegerArray(np.maximum(hs, 0), hs < 0)
     kernels["host_end_ns"] = pd.arrays.IntegerArray(np.maximum(he, 0), he < 0)
     return kernels.drop(columns="correlation"), linked
+
+
+def _int64_array(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``pd.array([None if v is pd.NA else v for v in values], dtype="Int64")``: built from the
+    missing mask and the ints at once where every other value is an int, else as written."""
+    miss = pd.isna(values)
+    rest = values[~miss]
+    if all(type(v) is int for v in pd.unique(rest)):  # each distinct value tested once
+        ints = np.zeros(values.size, np.int64)
+        ints[~miss] = rest.astype(np.int64)
+        return pd.arrays.IntegerArray(ints, miss)
+    return pd.array([None if v is pd.NA else v for v in values], dtype="Int64")
 
 
 def _is(values: np.ndarray, obj) -> np.ndarray:

@@ -182,8 +182,10 @@ class _ThreadContext:
         kind_u = np.array(list(kind_uniques) + [""], dtype=object)
         kind_all = np.where(kind_codes < 0, len(kind_u) - 1, kind_codes)
         keep = np.isin(kind_u, list(_HOST_EVENT_KINDS + (schema.OSRT,)))[kind_all] & events["tid"].notna().to_numpy(bool)
-        ev = events.loc[keep, ["rank", "start_ns", "end_ns", "pid", "tid"]]
+        # the kept rows of the numeric columns, as numpy (no frame taken)
+        ev = {c: events[c].to_numpy(np.int64, na_value=-1)[keep] for c in ("rank", "pid", "tid")}
         self.key = _thread_key(ev)
+        ev["start_ns"], ev["end_ns"] = (events[c].to_numpy(np.int64)[keep] for c in ("start_ns", "end_ns"))
         kind_codes = kind_all[keep]
 
         def is_kind(*kinds: str) -> np.ndarray:
@@ -197,10 +199,10 @@ class _ThreadContext:
         gloo = uniques.str.match(GLOO_RE).to_numpy(bool)
         block = uniques.str.match(BLOCKING_CALL_RE).to_numpy(bool)
         self.act = is_kind(*_HOST_EVENT_KINDS)
-        self.span = is_kind(schema.CPU_SPAN) & ~gloo[self.name] if len(ev) else np.zeros(0, bool)
-        self.block = is_kind(schema.OSRT) & block[self.name] if len(ev) else np.zeros(0, bool)
-        self.start = ev["start_ns"].to_numpy(np.int64)
-        self.end = ev["end_ns"].to_numpy(np.int64)
+        self.span = is_kind(schema.CPU_SPAN) & ~gloo[self.name] if keep.any() else np.zeros(0, bool)
+        self.block = is_kind(schema.OSRT) & block[self.name] if keep.any() else np.zeros(0, bool)
+        self.start = ev["start_ns"]
+        self.end = ev["end_ns"]
         order = np.lexsort((self.start, self.key))
         self.key, self.name, self.start, self.end, self.act, self.span, self.block = (
             a[order] for a in (self.key, self.name, self.start, self.end, self.act, self.span, self.block))
@@ -344,8 +346,12 @@ def code_flags(uniques: np.ndarray, codes: np.ndarray, test, missing: str | None
     return flags[np.where(codes < 0, len(uniques), codes)] if codes.size else np.zeros(0, bool)
 
 
-def _thread_key(df: pd.DataFrame) -> np.ndarray:
-    """One int64 per (rank, pid, tid), the same in every frame (a hash: no bits to run out of)."""
+def _thread_key(df: pd.DataFrame | dict[str, np.ndarray]) -> np.ndarray:
+    """One int64 per (rank, pid, tid), the same in every frame (a hash: no bits to run out of).
+    ``df``: a frame, or a dict of int64 arrays (missing ids already -1)."""
+    if isinstance(df, dict):
+        cols = pd.DataFrame({"r": df["rank"], "p": df["pid"], "t": df["tid"]})
+        return pd.util.hash_pandas_object(cols, index=False).to_numpy(np.uint64).view(np.int64)
     cols = pd.DataFrame({
         "r": df["rank"].to_numpy(np.int64, na_value=-1) if "rank" in df else np.zeros(len(df), np.int64),
         "p": df["pid"].to_numpy(np.int64, na_value=-1), "t": df["tid"].to_numpy(np.int64, na_value=-1)})
