@@ -39,6 +39,7 @@ from profkit.collectives.syncpoints import (
     code_flags,
     column_codes,
     host_sync_rows,
+    missing_ints,
     sharing,
 )
 from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
@@ -173,7 +174,7 @@ def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
         "device": k["device"].astype("Int64").to_numpy(),
         "stream": k["stream"].astype("Int64").to_numpy(),
         "pid": k["pid"].astype("Int64").to_numpy(),
-        "tid": pd.array([pd.NA] * len(k), dtype="Int64"),
+        "tid": missing_ints(len(k)),
         "correlation": k["correlation"].astype("Int64").to_numpy(),
     })
 
@@ -200,9 +201,9 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
     the span chain where the kernel lacks them, and the index labels of the linked spans.
     """
     n = len(kernels)
-    kernels = kernels.assign(launch_ns=pd.array([pd.NA] * n, dtype="Int64"),
-                             host_start_ns=pd.array([pd.NA] * n, dtype="Int64"),
-                             host_end_ns=pd.array([pd.NA] * n, dtype="Int64"))
+    kernels = kernels.assign(launch_ns=missing_ints(n),
+                             host_start_ns=missing_ints(n),
+                             host_end_ns=missing_ints(n))
     if n == 0:
         return kernels.drop(columns="correlation"), set()
     # the runtime calls of these kernels' correlations only (the merge below matches on it): the
@@ -387,11 +388,11 @@ def _launch_rows(spans: pd.DataFrame) -> pd.DataFrame:
     n = len(spans)
     return pd.DataFrame({
         **_identity_columns(spans, LAUNCH_SPAN, coll, names),
-        "device": pd.array([pd.NA] * n, dtype="Int64"),
-        "stream": pd.array([pd.NA] * n, dtype="Int64"),
+        "device": missing_ints(n),
+        "stream": missing_ints(n),
         "pid": spans["pid"].astype("Int64").to_numpy(),
         "tid": spans["tid"].astype("Int64").to_numpy(),
-        "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
+        "launch_ns": missing_ints(n),
         "host_start_ns": spans["start_ns"].astype("Int64").to_numpy(),
         "host_end_ns": spans["end_ns"].astype("Int64").to_numpy(),
     })

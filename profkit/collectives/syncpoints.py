@@ -540,11 +540,11 @@ def _clusters(m: pd.DataFrame) -> pd.DataFrame:
         "start_ns": arrive,
         "end_ns": end,
         "name": col["name"][best],
-        "device": pd.array([pd.NA] * n, dtype="Int64"),
-        "stream": pd.array([pd.NA] * n, dtype="Int64"),
+        "device": missing_ints(n),
+        "stream": missing_ints(n),
         "pid": pd.arrays.IntegerArray(np.maximum(pid, 0), pid < 0),
         "tid": pd.arrays.IntegerArray(np.maximum(tid, 0), tid < 0),
-        "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
+        "launch_ns": missing_ints(n),
         "host_start_ns": pd.array(span_start, dtype="Int64"),
         "host_end_ns": pd.array(exit_, dtype="Int64"),
         "arrive_ns": arrive,
@@ -560,6 +560,11 @@ def _clusters(m: pd.DataFrame) -> pd.DataFrame:
 
 
 _MEMBER_TEXT = {"name", "group", "coll", "evidence", "span_name"}
+
+
+def missing_ints(n: int) -> pd.api.extensions.ExtensionArray:
+    """``pd.array([pd.NA] * n, dtype="Int64")`` (the same data and mask) without a list of n NAs."""
+    return pd.arrays.IntegerArray(np.ones(n, np.int64), np.ones(n, bool))
 
 
 def _at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
