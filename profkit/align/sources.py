@@ -33,11 +33,7 @@ def source_offsets(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     warnings: list[str] = []
     if events.empty:
         return pd.DataFrame(columns=SOURCE_COLUMNS), warnings
-    counts = pd.DataFrame({
-        "rank": events["rank"].to_numpy(dtype=np.int64),
-        "source": str_objects(events["source"]),
-        "gpu": events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool),
-    }).groupby(["rank", "source"]).agg(n=("gpu", "size"), gpu=("gpu", "sum"))
+    counts = _source_counts(events)
     for rank, per in counts.groupby(level="rank", sort=True):
         per = per.droplevel("rank").sort_index()
         primary = per.sort_values(["gpu", "n"], ascending=False, kind="stable").index[0]
@@ -65,6 +61,28 @@ def source_offsets(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     out["offset_ns"] = out["offset_ns"].astype("int64")
     out["residual_ns"] = out["residual_ns"].astype("Int64")
     return out, warnings
+
+
+def _source_counts(events: pd.DataFrame) -> pd.DataFrame:
+    """Events (``n``) and GPU events (``gpu``) per (rank, source), indexed as groupby sorts them:
+    counted on the source column's codes (a Python string per row costs more than the rest)."""
+    codes, uniques = pd.factorize(events["source"], use_na_sentinel=True)
+    codes = np.asarray(codes, np.int64)
+    gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
+    rank = events["rank"].to_numpy(dtype=np.int64)
+    if not codes.size or codes.min() < 0:  # a missing source: grouped as strings, as before
+        return pd.DataFrame({"rank": rank, "source": str_objects(events["source"]), "gpu": gpu}).groupby(
+            ["rank", "source"]).agg(n=("gpu", "size"), gpu=("gpu", "sum"))
+    names = np.array([str(u) for u in uniques], dtype=object)
+    by_text = np.argsort(names, kind="stable")  # sorted position -> code
+    pos = np.empty(names.size, np.int64)
+    pos[by_text] = np.arange(names.size)
+    key, inv = np.unique(rank * np.int64(names.size) + pos[codes], return_inverse=True)
+    inv = inv.reshape(-1)
+    n = np.bincount(inv, minlength=key.size).astype(np.int64)
+    on_gpu = np.bincount(inv[gpu], minlength=key.size).astype(np.int64)
+    index = pd.MultiIndex.from_arrays([key // names.size, names[by_text[key % names.size]]], names=["rank", "source"])
+    return pd.DataFrame({"n": n, "gpu": on_gpu}, index=index)
 
 
 def _pair_offset(base: pd.DataFrame, other: pd.DataFrame) -> tuple[int, int, int | None]:

@@ -212,37 +212,39 @@ def rank_program(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame, host_piece
     sy = syncs[syncs["rank"].to_numpy(np.int64) == rank] if len(syncs) else syncs
     ops = gpu_ops_table
     h_s, h_e = hp["start_ns"].to_numpy(np.int64), hp["end_ns"].to_numpy(np.int64)
-    h_ph = hp["phase"].astype(str).to_numpy(dtype=object)
-    h_cat = hp["category"].astype(str).to_numpy(dtype=object)
+    h_ph, ph_codes, ph_names = _text_column(hp["phase"])
+    h_cat, cat_codes, cat_names = _text_column(hp["category"])
     times = [h_s[:1], ops["start_ns"].to_numpy(np.int64)[:1], sy["arrive_ns"].to_numpy(np.int64)]
     if st is not None and len(st):
         times.append(st["start_ns"].to_numpy(np.int64))
     t0 = int(min((int(t.min()) for t in times if t.size), default=0))
 
     b = _Builder(rank, t0)
+    b.host_codes = (ph_codes, ph_names, cat_codes, cat_names)
     # sync points
+    sy_lane = sy["lane"].astype(str).to_numpy()
     for lane_name, lane in LANE_NAMES.items():
-        rows = sy[sy["lane"].astype(str).to_numpy() == lane_name]
-        for inst, a, x in zip(rows["instance"].to_numpy(np.int64), rows["arrive_ns"].to_numpy(np.int64),
-                              rows["exit_ns"].to_numpy(np.int64)):
-            b.add(lane, ARRIVE, int(a), instance=int(inst))
-            b.add(lane, EXIT, int(max(x, a + 1)), instance=int(inst))  # strictly after its arrival
+        rows = sy[sy_lane == lane_name]
+        inst, a = rows["instance"].to_numpy(np.int64), rows["arrive_ns"].to_numpy(np.int64)
+        x = np.maximum(rows["exit_ns"].to_numpy(np.int64), a + 1)  # strictly after its arrival
+        b.add_pairs(lane, (ARRIVE, EXIT), a, x, instance=inst)
     # steps (read-off points on the host lane)
     if st is not None and len(st):
-        for step, s, e in zip(st["step"].to_numpy(np.int64), st["start_ns"].to_numpy(np.int64),
-                              st["end_ns"].to_numpy(np.int64)):
-            b.add(HOST, STEP_START, int(s), step=int(step))
-            b.add(HOST, STEP_END, int(max(e, s)), step=int(step))
+        s, e = st["start_ns"].to_numpy(np.int64), st["end_ns"].to_numpy(np.int64)
+        b.add_pairs(HOST, (STEP_START, STEP_END), s, np.maximum(e, s), step=st["step"].to_numpy(np.int64))
     # the host waiting on its GPU: a GPU-done point and the host's resume
     cpu_sync = _cpu_sync_intervals(sy)
     busy = iv.union(ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64))
-    for s, g, sync_phase in _gpu_waits(h_s, h_e, h_ph, h_cat, cpu_sync, busy):
-        at = max(s, g)  # the sync's condition holds: the host is in it and the GPU is done
-        d = b.add(GPU, GPU_DONE, int(g))
-        r = b.add(HOST, RESUME, int(at))
-        b.resume_of[r] = (d, at - s, at - g)
-        if sync_phase:
-            b.sync_phase[r] = sync_phase
+    waits = _gpu_waits(h_s, h_e, h_ph, h_cat, cpu_sync, busy)
+    if waits:
+        ws = np.array([w[0] for w in waits], np.int64)
+        wg = np.array([w[1] for w in waits], np.int64)
+        at = np.maximum(ws, wg)  # the sync's condition holds: the host is in it and the GPU is done
+        done, resume = b.add_pairs(None, (GPU_DONE, RESUME), wg, at, lanes=(GPU, HOST))
+        b.resume_of.update(zip(resume.tolist(), zip(done.tolist(), (at - ws).tolist(), (at - wg).tolist())))
+        for r, (_, _, sync_phase) in zip(resume.tolist(), waits):
+            if sync_phase:
+                b.sync_phase[r] = sync_phase
     program = b.finish(ops, h_s, h_e, h_ph, h_cat, gp, st)
     return program
 
@@ -299,22 +301,46 @@ class _Builder:
     def __init__(self, rank: int, t0: int):
         self.rank = rank
         self.t0 = t0
-        self.lane: list[int] = [HOST]
-        self.kind: list[int] = [START]
-        self.time: list[int] = [t0]
-        self.instance: list[int] = [-1]
-        self.step: list[int] = [-1]
+        # the points' columns, as chunks of arrays (``_column`` joins them): lane, kind, time, instance, step
+        self.cols: dict[str, list[np.ndarray]] = {c: [np.array([v], np.int64)] for c, v in (
+            ("lane", HOST), ("kind", START), ("time", t0), ("instance", -1), ("step", -1))}
+        self.n = 1
+        self.host_codes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # ``_text_column``s
         self.resume_of: dict[int, tuple[int, int, int]] = {}  # resume -> (its GPU-done point, host wait, GPU idle)
         self.sync_phase: dict[int, str] = {}  # resume point -> the name of the sync it waited in
         self.notes: list[str] = []
 
     def add(self, lane: int, kind: int, t: int, instance: int = -1, step: int = -1) -> int:
-        self.lane.append(lane)
-        self.kind.append(kind)
-        self.time.append(max(int(t), self.t0))
-        self.instance.append(instance)
-        self.step.append(step)
-        return len(self.kind) - 1
+        for c, v in (("lane", lane), ("kind", kind), ("time", max(int(t), self.t0)), ("instance", instance),
+                     ("step", step)):
+            self.cols[c].append(np.array([v], np.int64))
+        self.n += 1
+        return self.n - 1
+
+    def add_pairs(self, lane: int | None, kinds: tuple[int, int], first: np.ndarray, second: np.ndarray,
+                  instance: np.ndarray | None = None, step: np.ndarray | None = None,
+                  lanes: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``add`` of two points per row (kinds[0] at ``first``, then kinds[1] at ``second``), in
+        row order, as a loop of ``add`` calls would: returns the two points' ids per row."""
+        m = int(np.asarray(first).size)
+        lane_pair = lanes if lanes is not None else (lane, lane)
+        both = np.empty(2 * m, np.int64)
+        both[0::2], both[1::2] = first, second
+        self.cols["lane"].append(np.tile(np.asarray(lane_pair, np.int64), m))
+        self.cols["kind"].append(np.tile(np.asarray(kinds, np.int64), m))
+        self.cols["time"].append(np.maximum(both, self.t0))
+        for c, values in (("instance", instance), ("step", step)):
+            self.cols[c].append(np.full(2 * m, -1, np.int64) if values is None
+                                else np.repeat(np.asarray(values, np.int64), 2))
+        ids = self.n + np.arange(2 * m, dtype=np.int64)
+        self.n += 2 * m
+        return ids[0::2], ids[1::2]
+
+    def _column(self, name: str) -> np.ndarray:
+        parts = self.cols[name]
+        if len(parts) > 1:
+            parts[:] = [np.concatenate(parts)]
+        return parts[0]
 
     # -- anchors of the GPU points -------------------------------------------------------------
     def _anchors(self, ops: pd.DataFrame, gpu_pts: np.ndarray, prev_t: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -327,7 +353,7 @@ class _Builder:
         when the GPU waited for it) and the segment's first op (what bounds the point when the
         host's work between launches is removed: every later launch moves with it). Returns
         (busy, anchor times (n, 2) or NO_LAUNCH, their slacks (n, 2), their ops' starts (n, 2))."""
-        t = np.asarray([self.time[i] for i in gpu_pts], np.int64)
+        t = self._column("time")[gpu_pts]
         n = t.size
         s, e = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
         busy_iv = iv.union(s, e)
@@ -370,9 +396,7 @@ class _Builder:
         return busy, anchor_t, anchor_slack, anchor_s
 
     def finish(self, ops, h_s, h_e, h_ph, h_cat, gp, st) -> RankProgram:
-        lane = np.asarray(self.lane, np.int64)
-        kind = np.asarray(self.kind, np.int64)
-        time = np.asarray(self.time, np.int64)
+        lane, kind, time = self._column("lane"), self._column("kind"), self._column("time")
         # GPU lane order, then anchors for its arrivals and GPU-done points
         gpu_idx = np.flatnonzero((lane == GPU) | (kind == START))
         gpu_idx = gpu_idx[np.lexsort((_tie(_GPU_TIE, kind[gpu_idx]), time[gpu_idx]))]
@@ -384,15 +408,13 @@ class _Builder:
         has_a = a_t != NO_LAUNCH  # (n, 2)
         a_pt, a_k = np.nonzero(has_a)  # row-major: per point, which 0 before 1
         a_time = np.maximum(np.minimum(a_t[a_pt, a_k], time[pts[a_pt]]), self.t0)
-        a_id = len(self.kind) + np.arange(a_pt.size, dtype=np.int64)
-        self.lane += [HOST] * a_pt.size
-        self.kind += [ANCHOR] * a_pt.size
-        self.time += a_time.tolist()
-        self.instance += [-1] * a_pt.size
-        self.step += [-1] * a_pt.size
-        lane = np.asarray(self.lane, np.int64)
-        kind = np.asarray(self.kind, np.int64)
-        time = np.asarray(self.time, np.int64)
+        a_id = self.n + np.arange(a_pt.size, dtype=np.int64)
+        for c, v in (("lane", np.full(a_pt.size, HOST, np.int64)), ("kind", np.full(a_pt.size, ANCHOR, np.int64)),
+                     ("time", a_time.astype(np.int64)), ("instance", np.full(a_pt.size, -1, np.int64)),
+                     ("step", np.full(a_pt.size, -1, np.int64))):
+            self.cols[c].append(v)
+        self.n += a_pt.size
+        lane, kind, time = self._column("lane"), self._column("kind"), self._column("time")
         n = kind.size
         host_idx = np.flatnonzero((lane == HOST) & (kind != START))
         host_idx = np.r_[0, host_idx[np.lexsort((_tie(_HOST_TIE, kind[host_idx]), time[host_idx]))]]
@@ -453,8 +475,8 @@ class _Builder:
         nodes = pd.DataFrame({"rank": np.full(len(order), self.rank, np.int64),
                               "node": np.arange(len(order), dtype=np.int64),
                               "time_ns": time[order], "lane": lane[order], "kind": kind[order],
-                              "instance": np.asarray(self.instance, np.int64)[order],
-                              "step": np.asarray(self.step, np.int64)[order]})
+                              "instance": self._column("instance")[order],
+                              "step": self._column("step")[order]})
         anchor_ops = (e_from[q_old, q_slot], e_which[q_old, q_slot])
         work = self._work(nodes, edges, e_lane[q_old, q_slot], anchor_ops, h_s, h_e, h_ph, h_cat, gp, st)
         if self.sync_phase:  # the waits of named syncs: gone when the sync is removed
@@ -478,7 +500,18 @@ class _Builder:
     def _order(self, n, time, e_src, e_kind, alive, host_idx, gpu_idx) -> np.ndarray:
         """Merge the two lanes into one evaluation order in which every source comes first
         (by time; a point whose cross-lane source is not yet placed waits for it). ``alive``:
-        the edge slots in use (a cross edge dropped here is marked dead in it)."""
+        the edge slots in use (a cross edge dropped here is marked dead in it).
+
+        ``_merged_order`` proposes the order with array operations and checks it is the one the
+        step-by-step merge (``_order_loop``) makes; where it is not (clocks disagree about an
+        instant: a cross edge must be dropped), the loop runs."""
+        got = _merged_order(n, time, e_src, e_kind, alive, host_idx, gpu_idx)
+        return got if got is not None else self._order_loop(n, time, e_src, e_kind, alive, host_idx, gpu_idx)
+
+    def _order_loop(self, n, time, e_src, e_kind, alive, host_idx, gpu_idx) -> np.ndarray:
+        """``_order`` one point at a time: at each step the earlier of the two lanes' next points
+        whose cross-lane sources are placed (the host's at equal times); when neither's are, the
+        cross edges of the earlier one are dropped."""
         hl = host_idx.tolist()
         gl = gpu_idx[1:].tolist()  # START is host_idx[0]
         time = time.tolist()
@@ -546,8 +579,10 @@ class _Builder:
             ps, pe, ph, cat = pieces
             if not m.any() or not ps.size:
                 continue
-            keep = ~(_wait_mask(ph, cat) | _waiting_on_gpu(ph, cat)) if wl == HOST else np.ones(ps.size, bool)
-            got = _window_sums(ps[keep], pe[keep], ph[keep], lo_t[m], hi_t[m], eid[m])
+            coded = self.host_codes if wl == HOST else None
+            keep = ~(_wait_mask(ph, cat, coded) | _waiting_on_gpu(ph, cat)) if wl == HOST else np.ones(ps.size, bool)
+            got = _window_sums(ps[keep], pe[keep], ph[keep], lo_t[m], hi_t[m], eid[m],
+                               (coded[0][keep], coded[1]) if coded is not None else None)
             if got is not None:
                 parts.append((wl,) + got)
             if wl == GPU:
@@ -569,9 +604,85 @@ class _Builder:
                              "lane": lane, "phase": pd.Series(phase, dtype=object), "ns": ns})
 
 
-def _window_sums(ps, pe, ph, ws, we, wid) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _merged_order(n: int, time: np.ndarray, e_src: np.ndarray, e_kind: np.ndarray, alive: np.ndarray,
+                  host_idx: np.ndarray, gpu_idx: np.ndarray) -> np.ndarray | None:
+    """The evaluation order ``_Builder._order_loop`` makes, built with array operations, or None
+    where it cannot be shown to be that order (then the loop decides).
+
+    Each host point goes after the GPU points that are earlier than it (ties: the host first) and
+    after its cross-lane sources; each GPU point after the host points at or before it and after
+    its sources; the two views are raised until they agree. The proposal is then checked step by
+    step against the loop's rule: the point placed has its sources placed, and the other lane's
+    next point was either not ready or not earlier (at equal times the host goes first). A
+    proposal that passes every step is the loop's order (the loop's choice at each step is
+    determined by what is placed before it), with no cross edge dropped."""
+    hs, gs = host_idx[1:], gpu_idx[1:]  # the START point (both lanes' first) is placed first
+    nh, ng = hs.size, gs.size
+    if nh + ng + 1 != n or not nh or not ng:
+        return None
+    th, tg = time[hs], time[gs]
+    is_host = np.zeros(n, bool)
+    is_host[hs] = True
+    lane_pos = np.zeros(n, np.int64)
+    lane_pos[hs] = np.arange(nh)
+    lane_pos[gs] = np.arange(ng)
+    p, k = np.nonzero(alive & (e_kind == CROSS))
+    src = e_src[p, k]
+    if ((src != 0) & (is_host[p] == is_host[src])).any():
+        return None  # a cross edge within a lane: not this proposal's case
+    real = src != 0  # START is placed first: no constraint
+    p, src = p[real], src[real]
+    need_g = np.full(nh, -1, np.int64)  # per host point: the last GPU point it waits for
+    need_h = np.full(ng, -1, np.int64)
+    ph = is_host[p]
+    np.maximum.at(need_g, lane_pos[p[ph]], lane_pos[src[ph]])
+    np.maximum.at(need_h, lane_pos[p[~ph]], lane_pos[src[~ph]])
+    # GPU points before each host point, host points before each GPU point
+    before_h = np.maximum.accumulate(np.maximum(np.searchsorted(tg, th, side="left"), need_g + 1))
+    before_g = np.maximum.accumulate(np.maximum(np.searchsorted(th, tg, side="right"), need_h + 1))
+    ih, ig = np.arange(nh), np.arange(ng)
+    for _ in range(64):
+        new_h = np.maximum(before_h, np.searchsorted(before_g, ih, side="right"))
+        new_g = np.maximum(before_g, np.searchsorted(new_h, ig, side="right"))
+        if np.array_equal(new_h, before_h) and np.array_equal(new_g, before_g):
+            break
+        before_h, before_g = new_h, new_g
+    else:
+        return None
+    if before_h[-1] > ng:
+        return None
+    slot_h = ih + before_h  # strictly increasing: before_h never decreases
+    free = np.ones(nh + ng, bool)
+    free[slot_h] = False
+    merged = np.empty(nh + ng, np.int64)
+    merged[slot_h] = hs
+    merged[free] = gs
+    out = np.r_[0, merged]
+    # check every step against the loop's rule
+    pos = np.empty(n, np.int64)
+    pos[out] = np.arange(n)
+    last_src = np.full(n, -1, np.int64)
+    np.maximum.at(last_src, p, pos[src])
+    step = np.arange(1, n)
+    chosen = out[1:]
+    if (last_src[chosen] >= step).any():
+        return None  # a point placed before one of its sources
+    c_host = is_host[chosen]
+    h_before = np.cumsum(c_host) - c_host  # host points placed before each step
+    g_before = (step - 1) - h_before
+    other = np.where(c_host, gs[np.minimum(g_before, ng - 1)], hs[np.minimum(h_before, nh - 1)])
+    has_other = np.where(c_host, g_before < ng, h_before < nh)
+    ready = last_src[other] < step
+    t_c, t_o = time[chosen], time[other]
+    fine = ~has_other | ~ready | np.where(c_host, t_c <= t_o, t_c < t_o)
+    return out if fine.all() else None
+
+
+def _window_sums(ps, pe, ph, ws, we, wid, coded: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Time per phase of sorted disjoint pieces inside each window (windows sorted and disjoint:
-    consecutive edges of one lane), as (window id, phase, ns) arrays."""
+    consecutive edges of one lane), as (window id, phase, ns) arrays. ``coded``: ``ph`` as codes
+    of a column and its distinct values (``_text_column``), to factorize integers, not strings."""
     ok = we > ws
     ws, we, wid = ws[ok], we[ok], wid[ok]
     if not ps.size or not ws.size:
@@ -583,7 +694,11 @@ def _window_sums(ps, pe, ph, ws, we, wid) -> tuple[np.ndarray, np.ndarray, np.nd
     inside[inside] &= e[inside] <= we[w[inside]]
     if not inside.any():
         return None
-    codes, names = pd.factorize(pd.Series(ph, dtype=object))
+    if coded is None:
+        codes, names = pd.factorize(pd.Series(ph, dtype=object))
+    else:  # the same codes (first appearance in ``ph``) and names, factorizing the column's codes
+        codes, first = pd.factorize(coded[0])
+        names = np.asarray(coded[1], dtype=object)[first]
     key = w[inside] * np.int64(max(len(names), 1)) + codes[owner[inside]]
     uniq, inv = np.unique(key, return_inverse=True)
     ns = np.bincount(inv, weights=(e[inside] - s[inside]).astype(np.float64)).astype(np.int64)
@@ -598,17 +713,35 @@ def _tie(order: dict[int, int], kinds: np.ndarray) -> np.ndarray:
     return lookup[kinds]
 
 
-def _wait_mask(ph: np.ndarray, cat: np.ndarray) -> np.ndarray:
-    """``is_wait`` of each piece, decided once per distinct (phase, category)."""
+def _wait_mask(ph: np.ndarray, cat: np.ndarray, coded: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
+    """``is_wait`` of each piece, decided once per distinct (phase, category). ``coded``: the
+    two columns' codes and distinct values (``_text_column``), when the caller has them."""
     if not ph.size:
         return np.zeros(0, bool)
     # decided per distinct (phase, category) pair: the two codes combined into one
-    pc, pu = _str_factorize(ph)
-    cc, cu = _str_factorize(cat)
+    if coded is not None:
+        pc, pu, cc, cu = coded
+    else:
+        pc, pu = _str_factorize(ph)
+        cc, cu = _str_factorize(cat)
     k = max(len(cu), 1)
-    pairs, inverse = np.unique(np.asarray(pc, np.int64) * k + np.asarray(cc, np.int64), return_inverse=True)
+    inverse, pairs = pd.factorize(np.asarray(pc, np.int64) * k + np.asarray(cc, np.int64))
     flags = np.array([is_wait(str(pu[v // k]), str(cu[v % k])) for v in pairs.tolist()], bool)
-    return flags[inverse.reshape(-1)]
+    return flags[inverse]
+
+
+def _text_column(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``col.astype(str).to_numpy(dtype=object)``, its codes and distinct values as
+    ``_str_factorize`` gives them: from one factorize of the column (Arrow's hash of its strings,
+    then one Python string per distinct value, shared by its rows)."""
+    codes, uniques = pd.factorize(col, use_na_sentinel=True)
+    codes = np.asarray(codes, np.int64)
+    if (codes < 0).any() or not all(type(u) is str for u in uniques):  # as pandas spells them
+        objects = col.astype(str).to_numpy(dtype=object)
+        c, u = _str_factorize(objects)
+        return objects, np.asarray(c, np.int64), np.asarray(u, dtype=object)
+    names = np.array([str(u) for u in uniques], dtype=object)
+    return (names[codes] if codes.size else np.empty(0, dtype=object)), codes, names
 
 
 def _str_factorize(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

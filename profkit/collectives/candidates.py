@@ -31,7 +31,17 @@ import pandas as pd
 
 from profkit import schema
 from profkit.collectives.sequences import KERNEL, LAUNCH_SPAN
-from profkit.collectives.syncpoints import COLL_OP_RE, COLLECTIVE_KERNEL, COLLECTIVE_LAUNCH, host_sync_rows
+from profkit.collectives.syncpoints import (
+    COLL_OP_RE,
+    COLLECTIVE_KERNEL,
+    COLLECTIVE_LAUNCH,
+    HOST_COLUMNS,
+    code_flags,
+    column_codes,
+    host_sync_rows,
+    missing_ints,
+    sharing,
+)
 from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
 from profkit.intervals import nesting_parents
 from profkit.names import is_comm_kernel
@@ -73,27 +83,37 @@ def kernel_coll_name(name: str) -> str:
 
 def _candidates(events: pd.DataFrame, sync_names: dict[str, str] | None = None) -> pd.DataFrame:
     """Every collective seen on every rank (kernels with their launch link, CPU collectives)."""
+    with sharing(events):  # the string columns factorized once for every test below
+        return _candidates_coded(events, sync_names)
+
+
+def _candidates_coded(events: pd.DataFrame, sync_names: dict[str, str] | None) -> pd.DataFrame:
     kernels = _comm_kernels(events)
-    host = _take(events, events["kind"].isin(_HOST_KINDS).to_numpy(dtype=bool), _HOST_COLUMNS)
-    names = host["name"].astype("string").fillna("")
-    category = host["category"].astype("string").fillna("")
-    ncclish = names.str.match(_NCCLISH_RE).to_numpy(dtype=bool) | (category == "NCCL").to_numpy(dtype=bool)
-    has_coll = host["coll_name"].notna().to_numpy(dtype=bool)
-    c10d = names.str.match(COLL_OP_RE).to_numpy(dtype=bool)
-    launch_like = host[ncclish | has_coll | c10d]
+    kind_c, kind_u = column_codes(events, "kind")
+    host_rows = np.flatnonzero(code_flags(kind_u, kind_c, lambda u: u.isin(list(_HOST_KINDS)), missing=None))
+    name_c, name_u = column_codes(events, "name")
+    cat_c, cat_u = column_codes(events, "category")
+    hn = name_c[host_rows]
+    ncclish = code_flags(name_u, hn, lambda u: u.str.match(_NCCLISH_RE), as_string=True) | code_flags(
+        cat_u, cat_c[host_rows], lambda u: u == "NCCL", as_string=True)
+    has_coll = events["coll_name"].notna().to_numpy(dtype=bool)[host_rows]
+    c10d = code_flags(name_u, hn, lambda u: u.str.match(COLL_OP_RE), as_string=True)
+    like = ncclish | has_coll | c10d
+    launch_like = _take(events, _mask(len(events), host_rows[like]), _HOST_COLUMNS)
     kernels, linked_ids = _link_launches(events, kernels, launch_like)
-    gpu_groups = set(kernels["group"].dropna().astype(str))
+    gpu_groups = {str(g) for g in pd.unique(kernels["group"].to_numpy(dtype=object)) if not pd.isna(g)} \
+        if len(kernels) else set()
     frames = [_with_sync_columns(kernels, COLLECTIVE_KERNEL)]
 
     # host collective spans not linked to a kernel
-    lk = launch_like[~launch_like.index.isin(linked_ids)]
-    lk_names = lk["name"].astype("string").fillna("")
-    lk_nccl = lk_names.str.match(_NCCLISH_RE).to_numpy(dtype=bool) | (
-        lk["category"].astype("string").fillna("") == "NCCL").to_numpy(dtype=bool)
+    unlinked = ~launch_like.index.isin(linked_ids)
+    lk = launch_like[unlinked]
+    lk_nccl = ncclish[like][unlinked]
     lk_gpu_group = lk["coll_group"].astype("string").isin(gpu_groups).to_numpy(dtype=bool)
-    is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(lk, host[ncclish])
+    host_nccl = _take(events, _mask(len(events), host_rows[ncclish]), ("rank", "pid", "tid", "start_ns", "end_ns"))
+    is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(lk, host_nccl)
     ranks_with_kernels = set(kernels["rank"].unique().tolist())
-    lk_c10d = lk_names.str.match(COLL_OP_RE).to_numpy(dtype=bool)
+    lk_c10d = c10d[like][unlinked]
     launch_spans = lk[is_launch & ~lk_c10d & ~lk["rank"].isin(ranks_with_kernels).to_numpy(dtype=bool)]
     if len(launch_spans):
         frames.append(_with_sync_columns(_launch_rows(launch_spans), COLLECTIVE_LAUNCH))
@@ -101,13 +121,19 @@ def _candidates(events: pd.DataFrame, sync_names: dict[str, str] | None = None) 
     # host-blocking collectives (ops of groups that run no GPU kernel, Gloo worker spans, sync
     # spans recognized by evidence): ``syncpoints``
     op_labels = lk.index[~is_launch & (lk["coll_name"].notna().to_numpy(dtype=bool) | lk_c10d)]
-    cpu = host_sync_rows(events, host, op_labels, sync_names)
+    cpu = host_sync_rows(events, host_rows, op_labels, sync_names)
     if len(cpu):
         frames.append(cpu)
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame()
     return pd.concat(frames, ignore_index=True)
+
+
+def _mask(n: int, rows: np.ndarray) -> np.ndarray:
+    out = np.zeros(n, bool)
+    out[rows] = True
+    return out
 
 
 def _with_sync_columns(rows: pd.DataFrame, evidence: str) -> pd.DataFrame:
@@ -121,7 +147,7 @@ def _with_sync_columns(rows: pd.DataFrame, evidence: str) -> pd.DataFrame:
                        span_name=None, evidence=evidence, wait_name=rows["coll_name"].to_numpy(dtype=object))
 
 
-_HOST_COLUMNS = ("rank", "kind", "name", "category", "start_ns", "end_ns", "pid", "tid", "coll_name", "coll_group", "coll_seq")
+_HOST_COLUMNS = HOST_COLUMNS
 _KERNEL_COLUMNS = ("rank", "name", "start_ns", "end_ns", "device", "stream", "pid", "correlation", "coll_name",
                    "coll_group", "coll_seq")
 _RUNTIME_COLUMNS = ("rank", "pid", "tid", "correlation", "start_ns", "end_ns")
@@ -133,11 +159,12 @@ def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> p
 
 
 def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
-    is_kernel = (events["kind"] == schema.KERNEL).to_numpy(dtype=bool)
+    kind_c, kind_u = column_codes(events, "kind")
+    is_kernel = code_flags(kind_u, kind_c, lambda u: u == schema.KERNEL, missing=None)
     # ``is_comm_kernel`` of each distinct name once, on the whole column (codes, no rows taken)
-    codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
-    comm_u = np.r_[is_comm_kernel(pd.Series(uniques)), False]
-    comm = is_kernel & (comm_u[np.asarray(codes, np.int64)] | events["coll_name"].notna().to_numpy(dtype=bool))
+    codes, uniques = column_codes(events, "name")
+    comm_u = np.r_[is_comm_kernel(pd.Series(uniques, dtype=object)), False]
+    comm = is_kernel & (comm_u[codes] | events["coll_name"].notna().to_numpy(dtype=bool))
     k = _take(events, comm, _KERNEL_COLUMNS)
     names = k["name"].astype(str)
     derived = names.map({n: kernel_coll_name(n) for n in names.unique()})
@@ -147,7 +174,7 @@ def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
         "device": k["device"].astype("Int64").to_numpy(),
         "stream": k["stream"].astype("Int64").to_numpy(),
         "pid": k["pid"].astype("Int64").to_numpy(),
-        "tid": pd.array([pd.NA] * len(k), dtype="Int64"),
+        "tid": missing_ints(len(k)),
         "correlation": k["correlation"].astype("Int64").to_numpy(),
     })
 
@@ -174,13 +201,21 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
     the span chain where the kernel lacks them, and the index labels of the linked spans.
     """
     n = len(kernels)
-    kernels = kernels.assign(launch_ns=pd.array([pd.NA] * n, dtype="Int64"),
-                             host_start_ns=pd.array([pd.NA] * n, dtype="Int64"),
-                             host_end_ns=pd.array([pd.NA] * n, dtype="Int64"))
+    kernels = kernels.assign(launch_ns=missing_ints(n),
+                             host_start_ns=missing_ints(n),
+                             host_end_ns=missing_ints(n))
     if n == 0:
         return kernels.drop(columns="correlation"), set()
-    rt = _take(events, ((events["kind"] == schema.RUNTIME) & events["correlation"].notna()).to_numpy(dtype=bool),
-               _RUNTIME_COLUMNS)
+    # the runtime calls of these kernels' correlations only (the merge below matches on it): the
+    # same first call per (rank, pid, correlation) as over every runtime call
+    kind_c, kind_u = column_codes(events, "kind")
+    is_rt = code_flags(kind_u, kind_c, lambda u: u == schema.RUNTIME, missing=None)
+    is_rt &= events["correlation"].notna().to_numpy(dtype=bool)
+    k_corr = kernels["correlation"]
+    wanted = pd.Index(np.unique(k_corr[k_corr.notna()].to_numpy(dtype=np.int64)))
+    rows = np.flatnonzero(is_rt)
+    rows = rows[wanted.get_indexer(events["correlation"].to_numpy(dtype=np.int64, na_value=-1)[rows]) >= 0]
+    rt = _take(events, _mask(len(events), rows), _RUNTIME_COLUMNS)
     rt = pd.DataFrame({
         "rank": rt["rank"].to_numpy(dtype=np.int64),
         "pid": rt["pid"].astype("Int64").to_numpy(),
@@ -220,6 +255,11 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
     group = kernels["group"].to_numpy(dtype=object).copy()
     seq = kernels["seq"].to_numpy(dtype=object).copy()
     coll = kernels["coll_name"].to_numpy(dtype=object).copy()
+    # what each kernel lacks, tested once (not per thread and level): a filled field takes the
+    # span's value, whose own tests are made once per span
+    g_none = _is_none(group)
+    q_none = _is_none(seq) | _is(seq, pd.NA)
+    c_weak = _is_none(coll) | _equals(coll, "nccl") | _equals(coll, "comm")
     hs = np.full(n, -1, dtype=np.int64)
     he = np.full(n, -1, dtype=np.int64)
     span_groups = {k: v for k, v in sp.groupby(["rank", "pid", "tid"], sort=False)}
@@ -247,6 +287,7 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
         # the span's fields tested once per span, not per kernel and level
         g_has, c_has = ~_is_none(s_group), ~_is_none(s_coll)
         q_has = ~(_is_none(s_seq) | _is(s_seq, pd.NA))
+        c_weak_s = _equals(s_coll, "nccl") | _equals(s_coll, "comm")
         cur = inner.copy()
         for _ in range(8):  # the chain of enclosing spans fills what the kernel lacks
             live = cur >= 0
@@ -254,24 +295,45 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
                 break
             linked.update(labels[cur[live]].tolist())
             r, c = rows[live], cur[live]  # each kernel once per level: the rows are distinct
-            fill = _is_none(group[r]) & g_has[c]
+            fill = g_none[r] & g_has[c]
             group[r[fill]] = s_group[c[fill]]
-            fill = (_is_none(seq[r]) | _is(seq[r], pd.NA)) & q_has[c]
+            g_none[r[fill]] = False
+            fill = q_none[r] & q_has[c]
             seq[r[fill]] = s_seq[c[fill]]
-            fill = (_is_none(coll[r]) | _equals(coll[r], "nccl") | _equals(coll[r], "comm")) & c_has[c]
+            q_none[r[fill]] = False
+            fill = c_weak[r] & c_has[c]
             coll[r[fill]] = s_coll[c[fill]]
+            c_weak[r[fill]] = c_weak_s[c[fill]]
             cur = np.where(live, parent[np.maximum(cur, 0)], -1)
     kernels["group"] = group
-    kernels["seq"] = pd.array([None if v is pd.NA else v for v in seq], dtype="Int64")
+    kernels["seq"] = _int64_array(seq)
     kernels["coll_name"] = coll
     kernels["host_start_ns"] = pd.arrays.IntegerArray(np.maximum(hs, 0), hs < 0)
     kernels["host_end_ns"] = pd.arrays.IntegerArray(np.maximum(he, 0), he < 0)
     return kernels.drop(columns="correlation"), linked
 
 
+def _int64_array(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``pd.array([None if v is pd.NA else v for v in values], dtype="Int64")``: built from the
+    missing mask and the ints at once where every other value is an int, else as written."""
+    miss = pd.isna(values)
+    rest = values[~miss]
+    if all(type(v) is int for v in pd.unique(rest)):  # each distinct value tested once
+        ints = np.zeros(values.size, np.int64)
+        ints[~miss] = rest.astype(np.int64)
+        return pd.arrays.IntegerArray(ints, miss)
+    return pd.array([None if v is pd.NA else v for v in values], dtype="Int64")
+
+
 def _is(values: np.ndarray, obj) -> np.ndarray:
-    """``v is obj`` for each object of ``values``."""
-    return np.fromiter((v is obj for v in values), dtype=bool, count=len(values))
+    """``v is obj`` for each object of ``values``, for a missing-value marker ``obj`` (None, pd.NA):
+    only values ``pd.isna`` calls missing can be one (tested one by one), the rest are not."""
+    values = np.asarray(values, dtype=object)
+    out = np.zeros(len(values), dtype=bool)
+    miss = np.flatnonzero(pd.isna(values))
+    if miss.size:
+        out[miss] = [v is obj for v in values[miss].tolist()]
+    return out
 
 
 def _is_none(values: np.ndarray) -> np.ndarray:
@@ -279,8 +341,14 @@ def _is_none(values: np.ndarray) -> np.ndarray:
 
 
 def _equals(values: np.ndarray, text: str) -> np.ndarray:
-    """``v == text`` for each object, as Python's ``in (..., text)`` compares (identity, then ==)."""
-    return np.fromiter((v is text or v == text for v in values), dtype=bool, count=len(values))
+    """``v == text`` for each object, as Python's ``in (..., text)`` compares (identity, then ==);
+    missing values (None, NaN, NA) are not ``text``."""
+    values = np.asarray(values, dtype=object)
+    out = np.zeros(len(values), dtype=bool)
+    ok = ~pd.isna(values)
+    if ok.any():
+        out[ok] = np.asarray(values[ok] == text, dtype=bool)
+    return out
 
 
 def _holds_nccl_span(spans: pd.DataFrame, nccl: pd.DataFrame) -> np.ndarray:
@@ -320,11 +388,11 @@ def _launch_rows(spans: pd.DataFrame) -> pd.DataFrame:
     n = len(spans)
     return pd.DataFrame({
         **_identity_columns(spans, LAUNCH_SPAN, coll, names),
-        "device": pd.array([pd.NA] * n, dtype="Int64"),
-        "stream": pd.array([pd.NA] * n, dtype="Int64"),
+        "device": missing_ints(n),
+        "stream": missing_ints(n),
         "pid": spans["pid"].astype("Int64").to_numpy(),
         "tid": spans["tid"].astype("Int64").to_numpy(),
-        "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
+        "launch_ns": missing_ints(n),
         "host_start_ns": spans["start_ns"].astype("Int64").to_numpy(),
         "host_end_ns": spans["end_ns"].astype("Int64").to_numpy(),
     })

@@ -118,37 +118,57 @@ def op_coll_name(name: str) -> str:
 
 
 # ---- per rank: host-blocking collectives -----------------------------------------------------
-def host_sync_rows(events: pd.DataFrame, host: pd.DataFrame, op_labels, sync_names: dict[str, str] | None = None
-                   ) -> pd.DataFrame:
+def host_sync_rows(events: pd.DataFrame, host_rows: np.ndarray, op_labels,
+                   sync_names: dict[str, str] | None = None) -> pd.DataFrame:
     """Candidate rows (``collectives`` format plus the sync columns) of every host-blocking
     collective in ``events`` (any number of ranks).
 
-    ``host``: the cpu_op / cpu_span rows (``collectives._HOST_COLUMNS``, index = event labels);
-    ``op_labels``: labels of the collective ops that run no GPU kernel (decided by the caller);
+    ``host_rows``: positions of the cpu_op / cpu_span rows in ``events``;
+    ``op_labels``: index labels of the collective ops that run no GPU kernel (decided by the caller);
     ``sync_names``: span names recognized across ranks (``decide_sync_names``: name -> evidence).
+    Names and categories are tested once per distinct value (``column_codes``).
     """
     sync_names = sync_names or {}
-    names = host["name"].astype("string").fillna("")
-    is_op = host.index.isin(pd.Index(op_labels))
-    gloo = names.str.match(GLOO_RE).to_numpy(dtype=bool)
-    span_kind = (host["kind"] == schema.CPU_SPAN).to_numpy(dtype=bool) if "kind" in host else np.ones(len(host), bool)
-    by_name = is_name_evidence(names, host["category"])
-    cross = names.isin(list(sync_names)).to_numpy(dtype=bool) if sync_names else np.zeros(len(host), bool)
+    host_rows = np.asarray(host_rows, np.int64)
+    name_c, name_u = column_codes(events, "name")
+    hn = name_c[host_rows]
+    is_op = events.index[host_rows].isin(pd.Index(op_labels))
+    gloo = code_flags(name_u, hn, lambda u: u.str.match(GLOO_RE), as_string=True)
+    kind_c, kind_u = column_codes(events, "kind")
+    span_kind = code_flags(kind_u, kind_c[host_rows], lambda u: u == schema.CPU_SPAN, missing=None)
+    cat_c, cat_u = column_codes(events, "category")
+    by_name = code_flags(name_u, hn, lambda u: u.str.contains(NAME_SYNC_RE), as_string=True) | code_flags(
+        cat_u, cat_c[host_rows], lambda u: u == DP_SYNC_CATEGORY, as_string=True)
+    cross = code_flags(name_u, hn, lambda u: u.isin(list(sync_names)), as_string=True) if sync_names \
+        else np.zeros(host_rows.size, bool)
     named = span_kind & ~gloo & ~is_op & (by_name | cross)
     if not (is_op.any() or gloo.any() or named.any()):
         return pd.DataFrame()
     ctx = _thread_context(events)
     frames = []
     if is_op.any():
-        frames.append(_op_members(host[is_op], ctx))
+        frames.append(_op_members(_rows(events, host_rows[is_op]), ctx))
     if gloo.any():
-        frames.append(_plain_members(host[gloo], GLOO_SPAN, calling=False))
+        frames.append(_plain_members(_rows(events, host_rows[gloo]), GLOO_SPAN, calling=False))
     if named.any():
-        ev = np.where(cross[named], [sync_names.get(n, NAME) for n in names[named]], NAME)
+        named_names = np.array(list(name_u) + [""], dtype=object)[np.where(hn[named] < 0, len(name_u), hn[named])]
+        ev = np.where(cross[named], [sync_names.get(n, NAME) for n in named_names], NAME)
         ev = np.where(by_name[named] & cross[named], [f"{NAME}+{e}" if e != NAME else e for e in ev], ev)
-        frames.append(_span_members(host[named], ev, ctx))
+        frames.append(_span_members(_rows(events, host_rows[named]), ev, ctx))
     members = pd.concat([f for f in frames if len(f)], ignore_index=True)
     return _clusters(members)
+
+
+HOST_COLUMNS = ("rank", "kind", "name", "category", "start_ns", "end_ns", "pid", "tid", "coll_name", "coll_group",
+                "coll_seq")
+
+
+def _rows(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...] = HOST_COLUMNS) -> pd.DataFrame:
+    """The rows at positions ``rows`` (ascending), only ``columns`` (index labels kept): taking
+    rows of every column of the wide Arrow table costs much more."""
+    mask = np.zeros(len(events), bool)
+    mask[rows] = True
+    return events.loc[mask, list(columns)]
 
 
 class _ThreadContext:
@@ -156,31 +176,33 @@ class _ThreadContext:
     OS calls (where it waited). Built lazily, once per thread asked about."""
 
     def __init__(self, events: pd.DataFrame):
-        kind = events["kind"]
-        keep = kind.isin(_HOST_EVENT_KINDS + (schema.OSRT,)).to_numpy(dtype=bool) & events["tid"].notna().to_numpy(bool)
-        ev = events.loc[keep, ["rank", "start_ns", "end_ns", "pid", "tid"]]
-        self.key = _thread_key(ev)
         # kinds and names as codes of the whole columns (taking rows of string columns is the slow
         # part); a missing name is ""
-        kind_codes, kind_uniques = pd.factorize(kind, use_na_sentinel=True)
-        kind_codes = np.asarray(kind_codes, np.int64)[keep]
-        kind_u = np.array([str(u) for u in kind_uniques] + [""], dtype=object)
+        kind_codes, kind_uniques = column_codes(events, "kind")
+        kind_u = np.array(list(kind_uniques) + [""], dtype=object)
+        kind_all = np.where(kind_codes < 0, len(kind_u) - 1, kind_codes)
+        keep = np.isin(kind_u, list(_HOST_EVENT_KINDS + (schema.OSRT,)))[kind_all] & events["tid"].notna().to_numpy(bool)
+        # the kept rows of the numeric columns, as numpy (no frame taken)
+        ev = {c: events[c].to_numpy(np.int64, na_value=-1)[keep] for c in ("rank", "pid", "tid")}
+        self.key = _thread_key(ev)
+        ev["start_ns"], ev["end_ns"] = (events[c].to_numpy(np.int64)[keep] for c in ("start_ns", "end_ns"))
+        kind_codes = kind_all[keep]
 
         def is_kind(*kinds: str) -> np.ndarray:
             return np.isin(kind_u, list(kinds))[kind_codes]
-        codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
-        uniques = pd.Series(np.array([str(u) for u in uniques] + [""], dtype=object), dtype=object)
+        codes, uniques = column_codes(events, "name")
+        uniques = pd.Series(np.array(list(uniques) + [""], dtype=object), dtype=object)
         self.names = uniques.to_numpy(dtype=object)
-        codes = np.asarray(codes, np.int64)[keep]
+        codes = codes[keep]
         self.name = np.where(codes < 0, len(uniques) - 1, codes)
         # per unique name, once: a Gloo worker span, a blocking OS call name
         gloo = uniques.str.match(GLOO_RE).to_numpy(bool)
         block = uniques.str.match(BLOCKING_CALL_RE).to_numpy(bool)
         self.act = is_kind(*_HOST_EVENT_KINDS)
-        self.span = is_kind(schema.CPU_SPAN) & ~gloo[self.name] if len(ev) else np.zeros(0, bool)
-        self.block = is_kind(schema.OSRT) & block[self.name] if len(ev) else np.zeros(0, bool)
-        self.start = ev["start_ns"].to_numpy(np.int64)
-        self.end = ev["end_ns"].to_numpy(np.int64)
+        self.span = is_kind(schema.CPU_SPAN) & ~gloo[self.name] if keep.any() else np.zeros(0, bool)
+        self.block = is_kind(schema.OSRT) & block[self.name] if keep.any() else np.zeros(0, bool)
+        self.start = ev["start_ns"]
+        self.end = ev["end_ns"]
         order = np.lexsort((self.start, self.key))
         self.key, self.name, self.start, self.end, self.act, self.span, self.block = (
             a[order] for a in (self.key, self.name, self.start, self.end, self.act, self.span, self.block))
@@ -197,7 +219,7 @@ class _ThreadContext:
         name, start, end = self.name[a:b], self.start[a:b], self.end[a:b]
         act, span, block = self.act[a:b], self.span[a:b], self.block[a:b]
         got = {
-            "act_starts": np.sort(start[act]),
+            "act_starts": start[act],  # sorted: the rows are in (thread, start) order
             "spans": make_layer(start[span], end[span], name[span]),
             "block_s": start[block], "block_e": end[block],
         }
@@ -250,34 +272,86 @@ class _ThreadContext:
         return first, blocked
 
 
-_SHARED: list[tuple[pd.DataFrame, _ThreadContext | None]] = []  # (events, its context) inside ``shared_context``
+class _Shared:
+    """What the per-rank functions of one frame share inside ``shared_context``: the thread
+    context and the string columns as codes (factorized once, not once per function)."""
+
+    def __init__(self, events: pd.DataFrame):
+        self.events = events
+        self.ctx: _ThreadContext | None = None
+        self.codes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+_SHARED: list[_Shared] = []  # one per open ``shared_context`` block
 
 
 @contextlib.contextmanager
 def shared_context(events: pd.DataFrame):
     """Inside this block, ``host_sync_rows`` and ``span_facts`` of this very ``events`` frame share
     one ``_ThreadContext`` (the per-thread arrays of a rank, built once instead of twice in the
-    scale path's prepare task). The frame must not change inside the block."""
-    _SHARED.append((events, None))
+    scale path's prepare task) and the codes of its string columns. The frame must not change
+    inside the block."""
+    _SHARED.append(_Shared(events))
     try:
         yield
     finally:
         _SHARED.pop()
 
 
+@contextlib.contextmanager
+def sharing(events: pd.DataFrame):
+    """``shared_context(events)`` unless a block of this very frame is already open (then that one)."""
+    if _SHARED and _SHARED[-1].events is events:
+        yield
+    else:
+        with shared_context(events):
+            yield
+
+
 def _thread_context(events: pd.DataFrame) -> _ThreadContext:
     """``_ThreadContext(events)``, built once per ``shared_context`` block of that frame."""
-    if _SHARED and _SHARED[-1][0] is events:
-        ctx = _SHARED[-1][1]
-        if ctx is None:
-            ctx = _ThreadContext(events)
-            _SHARED[-1] = (events, ctx)
-        return ctx
+    if _SHARED and _SHARED[-1].events is events:
+        if _SHARED[-1].ctx is None:
+            _SHARED[-1].ctx = _ThreadContext(events)
+        return _SHARED[-1].ctx
     return _ThreadContext(events)
 
 
-def _thread_key(df: pd.DataFrame) -> np.ndarray:
-    """One int64 per (rank, pid, tid), the same in every frame (a hash: no bits to run out of)."""
+def column_codes(events: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """A string column as (codes: int64 per row, -1 where missing; distinct values: an object
+    array of Python strings), factorized once per ``shared_context`` block of that frame.
+    Why: tests and takes of the strings of hundreds of thousands of rows cost more than all the
+    rest; the distinct values are a few hundred."""
+    shared = _SHARED[-1] if _SHARED and _SHARED[-1].events is events else None
+    got = shared.codes.get(col) if shared is not None else None
+    if got is None:
+        codes, uniques = pd.factorize(events[col], use_na_sentinel=True)
+        got = (np.asarray(codes, np.int64), np.array([str(u) for u in uniques], dtype=object))
+        if shared is not None:
+            shared.codes[col] = got
+    return got
+
+
+def code_flags(uniques: np.ndarray, codes: np.ndarray, test, missing: str | None = "",
+               as_string: bool = False) -> np.ndarray:
+    """``test`` (a Series of strings -> bools) of each row's value, run once per distinct value:
+    a missing value is tested as ``missing`` ("" by default; None: False). ``as_string``: test
+    a ``string`` Series (as ``col.astype("string").fillna("")`` did), else an object one."""
+    extra = [missing] if missing is not None else []
+    distinct = pd.Series(np.array(list(uniques) + extra, dtype=object), dtype=object)
+    if as_string:
+        distinct = distinct.astype("string")
+    flags = np.asarray(test(distinct), dtype=bool) if len(distinct) else np.zeros(0, bool)
+    flags = np.r_[flags, False] if missing is None else flags
+    return flags[np.where(codes < 0, len(uniques), codes)] if codes.size else np.zeros(0, bool)
+
+
+def _thread_key(df: pd.DataFrame | dict[str, np.ndarray]) -> np.ndarray:
+    """One int64 per (rank, pid, tid), the same in every frame (a hash: no bits to run out of).
+    ``df``: a frame, or a dict of int64 arrays (missing ids already -1)."""
+    if isinstance(df, dict):
+        cols = pd.DataFrame({"r": df["rank"], "p": df["pid"], "t": df["tid"]})
+        return pd.util.hash_pandas_object(cols, index=False).to_numpy(np.uint64).view(np.int64)
     cols = pd.DataFrame({
         "r": df["rank"].to_numpy(np.int64, na_value=-1) if "rank" in df else np.zeros(len(df), np.int64),
         "p": df["pid"].to_numpy(np.int64, na_value=-1), "t": df["tid"].to_numpy(np.int64, na_value=-1)})
@@ -381,85 +455,124 @@ def _member_frame(b: dict, evidence, *, region_start, region_end, arrive, exit_,
 
 
 def _clusters(m: pd.DataFrame) -> pd.DataFrame:
-    """Overlapping members of one process are one instance (candidate rows, see module docstring)."""
-    m = m.sort_values(["rank", "pid", "r_start", "r_end"], ascending=[True, True, True, False], kind="stable")
-    m = m.reset_index(drop=True)
-    proc = m["rank"].to_numpy(np.int64) * (1 << 32) + (m["pid"].to_numpy(np.int64) & 0xFFFFFFFF)
-    s, e = m["r_start"].to_numpy(np.int64), m["r_end"].to_numpy(np.int64)
+    """Overlapping members of one process are one instance (candidate rows, see module docstring).
+
+    Per block of overlapping members, with array operations (a few thousand members per rank:
+    pandas' per-call cost of tens of grouped operations was most of the time): the block's first
+    member in each of several orders, and min / max of the members' times that are set (>= 0)."""
+    order = np.lexsort((-m["r_end"].to_numpy(np.int64), m["r_start"].to_numpy(np.int64),
+                        m["pid"].to_numpy(np.int64), m["rank"].to_numpy(np.int64)))  # stable
+    col = {c: m[c].to_numpy(dtype=object if c in _MEMBER_TEXT else None)[order] for c in m.columns}
+    proc = col["rank"].astype(np.int64) * (1 << 32) + (col["pid"].astype(np.int64) & 0xFFFFFFFF)
+    s, e = col["r_start"].astype(np.int64), col["r_end"].astype(np.int64)
     new = np.r_[True, proc[1:] != proc[:-1]]
     run_end = pd.Series(e).groupby(np.cumsum(new)).cummax().to_numpy()
     new |= np.r_[False, s[1:] > run_end[:-1]]
-    m["block"] = np.cumsum(new) - 1
-    g = m.groupby("block", sort=True)
-    calling = m[m["calling"]]
-    blocks = g.size().index
+    block = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    nb = starts.size
+    calling = col["calling"].astype(bool)
+    prio = col["prio"].astype(np.int64)
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
-    def agg(frame: pd.DataFrame, col: str, how: str) -> pd.Series:
-        """Min / max of ``col`` (>= 0 only) per block, as nullable Int64: epoch nanoseconds
-        must never pass through float64 (256 ns steps at today's epoch)."""
-        ok = frame[frame[col].to_numpy(np.int64) >= 0]
-        return getattr(ok.groupby("block")[col], how)().astype("Int64").reindex(blocks)
+    def agg(name: str, how: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(value, set) per block: min / max of ``name`` over the rows (all, or ``rows``) where it is >= 0."""
+        v = col[name].astype(np.int64)
+        ok = v >= 0 if rows is None else (v >= 0) & rows
+        fill = big if how == "min" else small
+        red = (np.minimum if how == "min" else np.maximum).reduceat(np.where(ok, v, fill), starts)
+        return red, np.add.reduceat(ok.astype(np.int64), starts) > 0
 
-    first_start = g["r_start"].min().astype("Int64")
-    arrive = agg(m, "op_start", "min").fillna(agg(calling, "arrive", "min")).fillna(first_start).astype("int64")
-    gloo_end = agg(m, "common_end", "max")
-    exit_ = agg(calling, "exit", "max").fillna(gloo_end).fillna(g["r_end"].max().astype("Int64")).astype("int64")
-    end = gloo_end.fillna(exit_.astype("Int64")).astype("int64")
+    def first(keys: tuple[np.ndarray, ...], rows: np.ndarray | None = None) -> np.ndarray:
+        """Per block, the member first in the stable order of (block, *keys) among ``rows``; -1 if none."""
+        o = np.lexsort(tuple(reversed(keys)) + (block,))
+        if rows is not None:
+            o = o[rows[o]]
+        out = np.full(nb, -1, np.int64)
+        if o.size:
+            b = block[o]
+            head = np.r_[True, b[1:] != b[:-1]]
+            out[b[head]] = o[head]
+        return out
+
+    first_start = np.minimum.reduceat(s, starts)
+    op_start, has_op = agg("op_start", "min")
+    c_arrive, has_ca = agg("arrive", "min", calling)
+    arrive = np.where(has_op, op_start, np.where(has_ca, c_arrive, first_start))
+    gloo_end, has_gloo = agg("common_end", "max")
+    c_exit, has_ce = agg("exit", "max", calling)
+    exit_ = np.where(has_ce, c_exit, np.where(has_gloo, gloo_end, np.maximum.reduceat(e, starts)))
+    end = np.where(has_gloo, gloo_end, exit_)
     # the sync span: a recognized span member, else the op's enclosing span, else the op itself
-    spans = m[(m["span_start"] >= 0) & m["span_name"].notna()].sort_values(["block", "prio", "span_start"],
-                                                                             ascending=[True, False, True],
-                                                                             kind="stable")
-    sp = spans.groupby("block").head(1).set_index("block")
-    sp_start = sp["span_start"].astype("Int64").reindex(blocks)  # before reindex turns it to float
-    sp = sp.reindex(blocks)
-    best = m.sort_values(["block", "prio", "r_end"], ascending=[True, True, False], kind="stable")
-    best = best.groupby("block").head(1).set_index("block").reindex(blocks)
-    by_call = m.sort_values(["block", "calling", "prio"], ascending=[True, False, True], kind="stable")
-    caller = by_call.groupby("block").head(1).set_index("block").reindex(blocks)
+    span_start_m = col["span_start"].astype(np.int64)
+    span_name_m = col["span_name"]
+    sp = first((-prio, span_start_m), (span_start_m >= 0) & ~pd.isna(span_name_m))
+    best = first((prio, -e))
+    caller = first((~calling, prio))
     # evidence of a block: the union of its members' (each a "+"-joined set), as bits
-    tokens = sorted({x for e in pd.unique(m["evidence"].astype(str)) for x in e.split("+")})
+    ev = col["evidence"].astype(str)
+    tokens = sorted({x for t in pd.unique(ev) for x in t.split("+")})
     bit = {t: 1 << i for i, t in enumerate(tokens)}
-    mask_of = {e: sum(bit[x] for x in set(e.split("+"))) for e in pd.unique(m["evidence"].astype(str))}
-    masks = np.bitwise_or.reduceat(m["evidence"].astype(str).map(mask_of).to_numpy(np.int64),
-                                   np.flatnonzero(np.r_[True, np.diff(m["block"].to_numpy()) != 0]))
-    evidence = pd.Series(["+".join(t for t in tokens if mk & bit[t]) for mk in masks], index=blocks)
-    group = m.dropna(subset=["group"]).groupby("block")["group"].first().reindex(blocks)
-    seq = m[m["seq"] >= 0].groupby("block")["seq"].first().reindex(blocks)
+    mask_of = {t: sum(bit[x] for x in set(t.split("+"))) for t in pd.unique(ev)}
+    masks = np.bitwise_or.reduceat(np.array([mask_of[t] for t in ev], np.int64), starts)
+    evidence = np.array(["+".join(t for t in tokens if mk & bit[t]) for mk in masks.tolist()], dtype=object)
+    group_at = first((), ~pd.isna(col["group"]))
+    group = np.array([col["group"][i] if i >= 0 else None for i in group_at.tolist()], dtype=object)
+    seq_at = first((), col["seq"].astype(np.int64) >= 0)
+    seq = pd.arrays.IntegerArray(np.where(seq_at >= 0, col["seq"].astype(np.int64)[np.maximum(seq_at, 0)], 0),
+                                 seq_at < 0).to_numpy()  # as Int64's to_numpy: ints, or objects with NA
     # the collective's name: Gloo's, the op's, a recognized span's guess
-    coll = m.sort_values(["block", "prio"], kind="stable").groupby("block")["coll"].first().reindex(blocks)
-    shown = m[m["prio"] <= 1].sort_values(["block", "prio"], kind="stable")
-    known = shown.groupby("block")["coll"].first().reindex(blocks)
-    span_start = sp_start.fillna(first_start).astype("int64")
-    span_name = sp["span_name"].where(sp["span_name"].notna(), best["name"])
-    n = len(blocks)
-    out = pd.DataFrame({
-        "rank": best["rank"].to_numpy(np.int64),
+    coll_ok = ~pd.isna(col["coll"])
+    coll = _at(col["coll"], first((prio,), coll_ok))
+    known = _at(col["coll"], first((prio,), coll_ok & (prio <= 1)))
+    span_start = np.where(sp >= 0, span_start_m[np.maximum(sp, 0)], first_start)
+    sp_name = _at(span_name_m, sp)
+    span_name = np.where(~pd.isna(sp_name), sp_name, col["name"][best]).astype(object)
+    pid = col["pid"].astype(np.int64)[caller]
+    tid = col["tid"].astype(np.int64)[caller]
+    n = nb
+    return pd.DataFrame({
+        "rank": col["rank"].astype(np.int64)[best],
         "source_kind": "cpu_span",
-        "group": group.astype(object).where(group.notna(), None).to_numpy(dtype=object),
-        "seq": seq.astype("Int64").to_numpy(),
-        "coll_name": coll.to_numpy(dtype=object),
-        "start_ns": arrive.to_numpy(np.int64),
-        "end_ns": end.to_numpy(np.int64),
-        "name": best["name"].to_numpy(dtype=object),
-        "device": pd.array([pd.NA] * n, dtype="Int64"),
-        "stream": pd.array([pd.NA] * n, dtype="Int64"),
-        "pid": pd.array(caller["pid"].to_numpy(np.int64), dtype="Int64"),
-        "tid": pd.array(caller["tid"].to_numpy(np.int64), dtype="Int64"),
-        "launch_ns": pd.array([pd.NA] * n, dtype="Int64"),
-        "host_start_ns": pd.array(span_start.to_numpy(np.int64), dtype="Int64"),
-        "host_end_ns": pd.array(exit_.to_numpy(np.int64), dtype="Int64"),
-        "arrive_ns": arrive.to_numpy(np.int64),
-        "exit_ns": np.maximum(exit_.to_numpy(np.int64), arrive.to_numpy(np.int64)),
-        "span_start_ns": span_start.to_numpy(np.int64),
-        "span_name": span_name.to_numpy(dtype=object),
-        "evidence": evidence.to_numpy(dtype=object),
+        "group": group,
+        "seq": seq,
+        "coll_name": coll,
+        "start_ns": arrive,
+        "end_ns": end,
+        "name": col["name"][best],
+        "device": missing_ints(n),
+        "stream": missing_ints(n),
+        "pid": pd.arrays.IntegerArray(np.maximum(pid, 0), pid < 0),
+        "tid": pd.arrays.IntegerArray(np.maximum(tid, 0), tid < 0),
+        "launch_ns": missing_ints(n),
+        "host_start_ns": pd.array(span_start, dtype="Int64"),
+        "host_end_ns": pd.array(exit_, dtype="Int64"),
+        "arrive_ns": arrive,
+        "exit_ns": np.maximum(exit_, arrive),
+        "span_start_ns": span_start,
+        "span_name": span_name,
+        "evidence": evidence,
         # waits are labelled by the collective where the trace shows it (a Gloo span, an op),
         # else by the sync span: never by a guess made from a name, so renaming spans changes
         # the label only by that name
-        "wait_name": np.where(known.notna(), known, span_name.where(span_name.notna(), coll)).astype(object),
+        "wait_name": np.where(~pd.isna(known), known, np.where(~pd.isna(span_name), span_name, coll)).astype(object),
     })
-    out.loc[out["pid"] < 0, "pid"] = pd.NA
-    out.loc[out["tid"] < 0, "tid"] = pd.NA
+
+
+_MEMBER_TEXT = {"name", "group", "coll", "evidence", "span_name"}
+
+
+def missing_ints(n: int) -> pd.api.extensions.ExtensionArray:
+    """``pd.array([pd.NA] * n, dtype="Int64")`` (the same data and mask) without a list of n NAs."""
+    return pd.arrays.IntegerArray(np.ones(n, np.int64), np.ones(n, bool))
+
+
+def _at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values[rows]`` as objects, NaN where ``rows`` is -1 (a block without such a member,
+    as ``reindex`` left it)."""
+    out = np.full(rows.size, np.nan, dtype=object)
+    ok = rows >= 0
+    out[ok] = values[rows[ok]]
     return out
 
 
@@ -468,7 +581,74 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     """Per rank and span name: instances, time, time in blocking OS calls on its thread, and how
     many instances hold a collective of their own (``FACT_COLUMNS``); and a central block of up to
     ``SAMPLE_PER_NAME`` instances (``SAMPLE_COLUMNS``) for the aligned-ends test. Small: one row per
-    name, 64 per name. Library spans (Gloo, NCCL, ProfilerStep, ...) and ``exclude`` are skipped."""
+    name, 64 per name. Library spans (Gloo, NCCL, ProfilerStep, ...) and ``exclude`` are skipped.
+    Spans are grouped by name codes (``column_codes``); the strings are made only for the result."""
+    kind_c, kind_u = column_codes(events, "kind")
+    is_span = code_flags(kind_u, kind_c, lambda u: u == schema.CPU_SPAN, missing=None)
+    rows = np.flatnonzero(is_span & events["tid"].notna().to_numpy(bool))
+    if not rows.size:
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
+    name_c, name_u = column_codes(events, "name")
+    code = name_c[rows]
+    if (code < 0).any():  # a span without a name: the frame path groups as it always did
+        return _span_facts_frames(events, exclude)
+    lib = code_flags(name_u, code, lambda u: u.str.match(_LIBRARY_RE) | (
+        u.str.contains(exclude) if exclude is not None else False))
+    rows, code = rows[~lib], code[~lib]
+    if not rows.size:
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
+    rank = events["rank"].to_numpy(np.int64)[rows]
+    # (rank, name) groups in the order of (rank, name as text), as groupby sorts them
+    by_text = np.empty(len(name_u), np.int64)
+    by_text[np.argsort(name_u, kind="stable")] = np.arange(len(name_u))
+    _, ginv, gcount = np.unique(rank * np.int64(len(name_u)) + by_text[code], return_inverse=True, return_counts=True)
+    ok = gcount[ginv.reshape(-1)] >= MIN_INSTANCES
+    rows, code, rank = rows[ok], code[ok], rank[ok]
+    if not rows.size:
+        return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
+    ctx = _thread_context(events)
+    coll_by_rank, sync_by_thread = _collective_marks(events)
+    key = _thread_key(_rows(events, rows, ("rank", "pid", "tid")))
+    s = events["start_ns"].to_numpy(np.int64)[rows]
+    e = events["end_ns"].to_numpy(np.int64)[rows]
+    blocked = np.zeros(rows.size, np.int64)
+    holds = np.zeros(rows.size, bool)
+
+    def inside(starts: np.ndarray | None, m: np.ndarray) -> np.ndarray:
+        if starts is None or not starts.size:
+            return np.zeros(int(m.sum()), bool)
+        return np.searchsorted(starts, e[m], side="left") > np.searchsorted(starts, s[m], side="left")
+
+    for k in np.unique(key):
+        m = key == k
+        _, blocked[m] = ctx.longest_block(int(k), s[m], e[m])
+        holds[m] |= inside(sync_by_thread.get(int(k)), m)
+    for r in np.unique(rank):
+        m = rank == r
+        holds[m] |= inside(coll_by_rank.get(int(r)), m)
+    gkey = rank * np.int64(len(name_u)) + by_text[code]
+    order = np.lexsort((s, gkey))  # stable: rows of one start keep their order
+    gk = gkey[order]
+    first = np.flatnonzero(np.r_[True, gk[1:] != gk[:-1]])
+    n = np.diff(np.r_[first, gk.size])
+    g_rank, g_code = rank[order][first], code[order][first]
+    dur = (e - s)[order]
+    facts = pd.DataFrame({"rank": g_rank, "name": name_u[g_code], "n": n.astype(np.int64),
+                          "total_ns": np.add.reduceat(dur, first).astype(np.int64),
+                          "blocked_ns": np.add.reduceat(blocked[order], first).astype(np.int64),
+                          "with_collective": np.add.reduceat(holds[order].astype(np.int64), first).astype(np.int64)})
+    pos = np.arange(gk.size) - np.repeat(first, n)
+    size = np.repeat(n, n)
+    lo = np.maximum((size - SAMPLE_PER_NAME) // 2, 0)
+    pick = order[(pos >= lo) & (pos < lo + SAMPLE_PER_NAME)]
+    sample = pd.DataFrame({"rank": rank[pick], "name": name_u[code[pick]], "start_ns": s[pick], "end_ns": e[pick]})
+    return facts[FACT_COLUMNS], sample
+
+
+def _span_facts_frames(events: pd.DataFrame, exclude: re.Pattern[str] | None = None
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``span_facts`` grouping the spans' rows as frames (spans without a name: pandas drops
+    them from the groups)."""
     spans = events.loc[(events["kind"] == schema.CPU_SPAN).to_numpy(bool) & events["tid"].notna().to_numpy(bool),
                        [c for c in ("rank", "name", "start_ns", "end_ns", "pid", "tid") if c in events.columns]]
     if not len(spans):
@@ -527,17 +707,19 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
 
     # flags over whole columns (names tested once per distinct name): no rows of the string
     # columns are taken, only the few sync rows' thread ids
-    kind = events["kind"]
-    is_host = kind.isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]).to_numpy(bool)
+    kind_c, kind_u = column_codes(events, "kind")
+    is_host = code_flags(kind_u, kind_c, lambda u: u.isin([schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME]),
+                         missing=None)
     if not is_host.any():
         return {}, {}
-    is_rt = (kind == schema.RUNTIME).to_numpy(bool, na_value=False)
-    names = events["name"]
-    coll = _name_flags(names, lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
-                       | u.str.match(r"^(?:nccl|rccl)", case=False))
-    coll |= (events["category"] == "NCCL").to_numpy(bool, na_value=False) | events["coll_name"].notna().to_numpy(bool)
+    is_rt = code_flags(kind_u, kind_c, lambda u: u == schema.RUNTIME, missing=None)
+    name_c, name_u = column_codes(events, "name")
+    coll = code_flags(name_u, name_c, lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
+                      | u.str.match(r"^(?:nccl|rccl)", case=False))
+    cat_c, cat_u = column_codes(events, "category")
+    coll |= code_flags(cat_u, cat_c, lambda u: u == "NCCL", missing=None) | events["coll_name"].notna().to_numpy(bool)
     coll &= is_host & ~is_rt
-    sync = is_rt & _name_flags(names, lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
+    sync = is_rt & code_flags(name_u, name_c, lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
     starts = events["start_ns"].to_numpy(np.int64)
     ranks = events["rank"].to_numpy(np.int64)
     by_rank = {int(r): np.sort(starts[coll & (ranks == r)]) for r in np.unique(ranks[coll])}

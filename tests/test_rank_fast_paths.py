@@ -1,0 +1,172 @@
+"""The per-rank prepare and impact paths of issue #16's third round give what they replaced.
+
+- ``impact_program._merged_order`` proposes the two lanes' evaluation order with array
+  operations and keeps it only where a step-by-step check shows it is the merge loop's order
+  (``_Builder._order_loop``, kept as the fallback). Compared with the loop on the programs of
+  real H200 captures and on random programs, including ones where the loop must drop a cross
+  edge (the proposal must then step aside).
+- The coded string tests of ``collectives`` (``column_codes``, ``code_flags``, ``_is``,
+  ``_equals``) and ``sources._source_counts`` on their edge cases: missing values, several
+  sources. The candidates, span facts and source offsets themselves are covered by the analyze
+  goldens (``test_analyze_golden.py``) on every sample capture.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from profkit.align import sources
+from profkit.analyze import impact_program as prog
+from profkit.collectives import candidates, syncpoints
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "sample_traces"
+HOST, GPU, CROSS, LANE = prog.HOST, prog.GPU, prog.CROSS, prog.LANE
+_ORDER = prog._Builder._order  # as defined (the real-capture test wraps it)
+
+
+# ---- the evaluation order ------------------------------------------------------------------
+def _random_program(rng: np.random.Generator, nh: int, ng: int, n_cross: int, spread: int, p_any: float):
+    """Two lanes of points (sorted times, many ties) and cross edges between them, in the
+    ``_order`` inputs' layout: slot 0 the lane edge, slots 1-2 cross edges."""
+    n = 1 + nh + ng
+    time = np.zeros(n, np.int64)
+    time[1:1 + nh] = np.sort(rng.integers(0, spread, nh))
+    time[1 + nh:] = np.sort(rng.integers(0, spread, ng))
+    host_idx = np.r_[0, np.arange(1, 1 + nh)]
+    gpu_idx = np.r_[0, np.arange(1 + nh, n)]
+    e_src = np.full((n, 3), prog.NO_SRC, np.int64)
+    e_kind = np.full((n, 3), -1, np.int64)
+    e_kind[1:, 0] = LANE
+    e_src[1:, 0] = 0
+    for _ in range(n_cross):
+        dst = int(rng.integers(1, n))
+        on_host = dst <= nh
+        pool = gpu_idx[1:] if on_host else host_idx[1:]
+        # mostly an earlier source (a launch before its kernel, a GPU-done before the resume);
+        # with probability p_any any point of the other lane (cycles: the loop drops an edge)
+        at = int(np.searchsorted(time[pool], time[dst] + rng.integers(-spread // 4, spread // 20), "right")) - 1
+        if rng.random() < p_any:
+            at = int(rng.integers(0, pool.size))
+        if at < 0:
+            continue
+        src = int(pool[at])
+        slot = 1 if e_kind[dst, 1] < 0 else 2
+        e_src[dst, slot], e_kind[dst, slot] = src, CROSS
+    alive = e_kind >= 0
+    alive[0] = False
+    return n, time, e_src, e_kind, alive, host_idx, gpu_idx
+
+
+def _both(args):
+    n, time, e_src, e_kind, alive, host_idx, gpu_idx = args
+    b_loop, b_fast = prog._Builder(0, 0), prog._Builder(0, 0)
+    alive_loop, alive_fast = alive.copy(), alive.copy()
+    want = b_loop._order_loop(n, time, e_src, e_kind, alive_loop, host_idx, gpu_idx)
+    merged = prog._merged_order(n, time, e_src, e_kind, alive.copy(), host_idx, gpu_idx)
+    got = _ORDER(b_fast, n, time, e_src, e_kind, alive_fast, host_idx, gpu_idx)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(alive_fast, alive_loop)
+    assert b_fast.notes == b_loop.notes
+    if merged is not None:
+        np.testing.assert_array_equal(merged, want)
+        assert (alive_loop == alive).all()  # a proposal is only kept where the loop drops nothing
+    return merged is not None, bool((alive_loop != alive).any())
+
+
+def test_merged_order_is_the_loops_order_on_random_programs():
+    rng = np.random.default_rng(16)
+    taken = dropped = 0
+    for case in range(400):
+        nh, ng = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+        p_any = (0.0, 0.02, 0.2)[case % 3]
+        fast, drop = _both(_random_program(rng, nh, ng, int(rng.integers(0, nh + ng)), int(rng.integers(2, 200)), p_any))
+        taken += fast
+        dropped += drop
+    assert taken > 150 and dropped > 50  # both paths are exercised (240 and 108 of 400 with this seed)
+
+
+def test_merged_order_steps_aside_where_a_cross_edge_must_go():
+    # host point 1 waits for GPU point 2, which waits for host point 1: the loop drops one edge
+    n = 3
+    time = np.array([0, 5, 5], np.int64)
+    e_src = np.array([[-1, -1, -1], [0, 2, -1], [0, 1, -1]], np.int64)
+    e_kind = np.array([[-1, -1, -1], [LANE, CROSS, -1], [LANE, CROSS, -1]], np.int64)
+    alive = e_kind >= 0
+    alive[0] = False
+    args = (n, time, e_src, e_kind, alive, np.array([0, 1]), np.array([0, 2]))
+    assert prog._merged_order(*args[:4], alive.copy(), *args[5:]) is None
+    b = prog._Builder(0, 0)
+    order = _ORDER(b, *args[:4], alive, *args[5:])
+    assert order.tolist() == [0, 1, 2] and not alive[1, 1] and alive[2, 1]
+    assert b.notes and "dropped" in b.notes[0]
+
+
+@pytest.mark.parametrize("folder", ["engine-dep4-h200-capture/torch_faults", "vllm-0.26-h200/torch_faults"])
+def test_merged_order_is_the_loops_order_on_real_captures(folder, monkeypatch, tmp_path):
+    """Every rank program of a real capture: the proposal is taken and equals the loop's order."""
+    from profkit.scale import analyze_paths
+
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    seen = []
+
+    def checked(self, n, time, e_src, e_kind, alive, host_idx, gpu_idx):
+        seen.append(_both((n, time, e_src, e_kind, alive, host_idx, gpu_idx)))
+        return _ORDER(self, n, time, e_src, e_kind, alive, host_idx, gpu_idx)
+
+    monkeypatch.setattr(prog._Builder, "_order", checked)
+    analyze_paths([SAMPLES / folder], executor="serial")
+    assert seen and all(fast for fast, _ in seen)
+
+
+# ---- coded string tests --------------------------------------------------------------------
+def test_column_codes_and_flags_treat_missing_values_as_the_strings_did():
+    events = pd.DataFrame({"name": pd.array(["nccl:all_reduce", None, "c10d::allreduce_", "x", "nccl:all_reduce"],
+                                            dtype=pd.ArrowDtype(__import__("pyarrow").string()))})
+    codes, uniques = syncpoints.column_codes(events, "name")
+    assert codes.tolist() == [0, -1, 1, 2, 0] and list(uniques) == ["nccl:all_reduce", "c10d::allreduce_", "x"]
+    as_rows = events["name"].astype("string").fillna("")
+    for pattern in (candidates._NCCLISH_RE, syncpoints.COLL_OP_RE):
+        want = as_rows.str.match(pattern).to_numpy(bool)
+        got = syncpoints.code_flags(uniques, codes, lambda u, p=pattern: u.str.match(p), as_string=True)
+        np.testing.assert_array_equal(got, want)
+    # a missing value tested as "" (matches an empty-matching pattern) or never (missing=None)
+    assert syncpoints.code_flags(uniques, codes, lambda u: u.str.match(r"^$"))[1]
+    assert not syncpoints.code_flags(uniques, codes, lambda u: u.str.match(r"^$"), missing=None)[1]
+    # inside a shared block the codes are made once per frame and column
+    with syncpoints.shared_context(events):
+        assert syncpoints.column_codes(events, "name") is syncpoints.column_codes(events, "name")
+
+
+def test_identity_and_equality_tests_of_objects():
+    values = np.array(["nccl", None, np.nan, pd.NA, "comm", "all_reduce", None], dtype=object)
+    np.testing.assert_array_equal(candidates._is_none(values), [v is None for v in values])
+    np.testing.assert_array_equal(candidates._is(values, pd.NA), [v is pd.NA for v in values])
+    np.testing.assert_array_equal(candidates._equals(values, "nccl"), [False if v is pd.NA else v == "nccl"
+                                                                       for v in values])
+    assert candidates._is(np.array([], dtype=object), None).size == 0
+
+
+def test_source_counts_match_the_grouped_strings():
+    events = pd.DataFrame({
+        "rank": np.array([1, 0, 0, 1, 0, 1, 0], np.int64),
+        "source": pd.array(["kineto", "profkit", "kineto", "nsys", "kineto", "kineto", "profkit"], dtype="string"),
+        "kind": pd.array(["kernel", "cpu_span", "kernel", "kernel", "runtime", "cpu_op", "cpu_span"], dtype="string"),
+    })
+
+    def grouped(ev):
+        from profkit import schema
+        from profkit.distinct import str_objects
+        return pd.DataFrame({"rank": ev["rank"].to_numpy(np.int64), "source": str_objects(ev["source"]),
+                             "gpu": ev["kind"].isin(schema.GPU_KINDS).to_numpy(bool)}).groupby(
+            ["rank", "source"]).agg(n=("gpu", "size"), gpu=("gpu", "sum"))
+
+    got, want = sources._source_counts(events), grouped(events)
+    pd.testing.assert_frame_equal(got, want, check_index_type=False)
+    assert got.index.tolist() == [(0, "kineto"), (0, "profkit"), (1, "kineto"), (1, "nsys")]
+    missing = events.assign(source=pd.array(["kineto", None, "kineto", "nsys", "kineto", "kineto", None],
+                                            dtype="string"))
+    pd.testing.assert_frame_equal(sources._source_counts(missing), grouped(missing))
