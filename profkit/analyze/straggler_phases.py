@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from profkit import schema
 from profkit import intervals as iv
@@ -100,6 +101,17 @@ def _match_flags(names: pd.Series, regex) -> np.ndarray:
     return flags[np.asarray(codes, np.int64)]
 
 
+def _factorize_str(names: pd.Series) -> tuple[np.ndarray, object]:
+    """``pd.factorize(names.astype(str))``: a column of strings without nulls is factorized as it
+    is (same codes and values; ``astype(str)`` would copy every row's string first)."""
+    dtype = names.dtype
+    strings = (isinstance(dtype, pd.ArrowDtype) and pa.types.is_string(dtype.pyarrow_dtype)) or (
+        isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow")
+    if strings and not names.hasnans:
+        return pd.factorize(names)
+    return pd.factorize(names.astype(str))
+
+
 def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
     """The GPU timeline of each rank: compute-busy time (not communication) cut where kernels
     start and end, each piece named ``gpu:<kernel>`` after the kernel running there."""
@@ -114,8 +126,7 @@ def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
         ps, pe, _ = split_at(busy[0], busy[1], iv.unique_sorted(np.concatenate([layer.starts, layer.ends])))
         j = covering(layer, ps)
         ok = (j >= 0) & (pe > ps)
-        parts.append(_merge(rank, ps[ok], pe[ok], g.vocab[layer.codes[j[ok]]],
-                            np.full(int(ok.sum()), GPU_CATEGORY, dtype=object)))
+        parts.append(_merge_labels(rank, ps[ok], pe[ok], layer.codes[j[ok]], g.vocab))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
 
@@ -135,10 +146,12 @@ def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_G
     windows = _tiled_windows(extents, steps)
     if sync_waits is None:
         sync_waits = ov.sync_wait_intervals(events)  # from all events: GPU collectives are not host-blocking
+    if arrays is None:
+        arrays = ov.event_arrays(events)
     host = ov.attribute_gaps(events, windows, sync_waits, arrays=arrays, with_gpu=False)  # GPU left out
     gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(gpu_rows(events))
-    runs = _launch_runs(events, gpu_ev)
-    copies = _blocking_copies(events)
+    runs = _launch_runs_coded(arrays, gpu_ev) if _correlations_unsigned(events) else _launch_runs(events, gpu_ev)
+    copies = _blocking_copies_coded(arrays)
     parts = []
     for rank, h in host.groupby("rank", sort=True):
         r = int(rank)
@@ -163,7 +176,7 @@ class _GpuArrays:
     def build(cls, g: pd.DataFrame) -> "_GpuArrays":
         rank = g["rank"].to_numpy(np.int64)
         order = np.argsort(rank, kind="stable")
-        codes, uniques = pd.factorize(g["name"].astype(str))  # each distinct name tested and labelled once
+        codes, uniques = _factorize_str(g["name"])  # each distinct name tested and labelled once
         comm = np.zeros(len(g), bool)
         is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
         if is_k.any():
@@ -219,6 +232,60 @@ def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Interval
         big = (~comm) & ((ge - gs) > host_mod.TINY_KERNEL_MAX_NS)
         runs = iv.subtract(iv.subtract(runs, iv.union(gs[big], ge[big])), iv.union(gs[comm], ge[comm]))
         out[int(rank)] = runs
+    return out
+
+
+def _correlations_unsigned(events: pd.DataFrame) -> bool:
+    """No negative correlation id: ``EventArrays.corr`` (-1 for none) tells a missing one apart."""
+    corr = events["correlation"]
+    return not len(corr) or corr.isna().all() or int(corr.min()) >= 0
+
+
+def _name_flags(uniques: np.ndarray, regex) -> np.ndarray:
+    """``regex.match`` of each of ``EventArrays.uniques`` (its "" for a missing name never matches
+    these patterns, as ``_match_flags`` leaves a missing name False)."""
+    return np.array([bool(regex.match(str(u))) for u in uniques], dtype=bool)
+
+
+def _launch_runs_coded(ea, g: "_GpuArrays") -> dict[int, iv.Intervals]:
+    """``_launch_runs`` from the attribution's arrays (``overhead.event_arrays``): no rows of the
+    event table's string columns taken. Needs correlation ids >= 0 (-1 there means none)."""
+    if not g.rank.size or ea.uniques is None:
+        return {}
+    kernel_launch = _name_flags(ea.uniques, host_mod.KERNEL_LAUNCH_RE)
+    out: dict[int, iv.Intervals] = {}
+    for rank in sorted(ea.rank_bounds):
+        a, b = ea.rank_bounds[rank]
+        rows = slice(a, b)
+        corr = ea.corr[rows]
+        launch = ea.is_kind(rows, schema.RUNTIME) & (corr >= 0) & kernel_launch[ea.name[rows]]
+        if int(launch.sum()) < host_mod.RUN_MIN_LAUNCHES:
+            continue
+        r = g.of(int(rank))
+        k_ok = ~g.comm[r] & (g.corr[r] >= 0)
+        runs = host_mod.launch_runs_by_thread(g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok],
+                                              corr[launch], ea.start[rows][launch], ea.thread[rows][launch])
+        if not runs[0].size:
+            continue
+        gs, ge, comm = g.start[r], g.end[r], g.comm[r]
+        big = (~comm) & ((ge - gs) > host_mod.TINY_KERNEL_MAX_NS)
+        runs = iv.subtract(iv.subtract(runs, iv.union(gs[big], ge[big])), iv.union(gs[comm], ge[comm]))
+        out[int(rank)] = runs
+    return out
+
+
+def _blocking_copies_coded(ea) -> dict[int, iv.Intervals]:
+    """``_blocking_copies`` from the attribution's arrays (``overhead.event_arrays``)."""
+    if ea.uniques is None:
+        return {}
+    copy = _name_flags(ea.uniques, host_mod.COPY_LAUNCH_RE)
+    out: dict[int, iv.Intervals] = {}
+    for rank, (a, b) in ea.rank_bounds.items():
+        rows = slice(a, b)
+        s, e = ea.start[rows], ea.end[rows]
+        m = ea.is_kind(rows, schema.RUNTIME) & ((e - s) >= BLOCKING_COPY_NS) & copy[ea.name[rows]]
+        if m.any():
+            out[int(rank)] = iv.union(s[m], e[m])
     return out
 
 
@@ -354,6 +421,21 @@ def _merge(rank: int, ps, pe, ph, ct) -> pd.DataFrame:
     last = np.r_[first[1:] - 1, ps.size - 1]
     return pd.DataFrame({"rank": np.int64(rank), "start_ns": ps[first], "end_ns": pe[last],
                          "phase": ph[first], "category": ct[first]})
+
+
+def _merge_labels(rank: int, ps, pe, codes, vocab: np.ndarray) -> pd.DataFrame:
+    """``_merge`` of GPU pieces labelled ``vocab[codes]`` (distinct labels, so codes compare as
+    the labels do), category ``GPU_CATEGORY``: the strings are made per distinct label."""
+    if not ps.size or not all(type(v) is str for v in vocab):
+        return _merge(rank, ps, pe, vocab[codes], np.full(ps.size, GPU_CATEGORY, dtype=object))
+    order = np.argsort(ps, kind="stable")
+    ps, pe, ph = ps[order], pe[order], np.asarray(codes, np.int64)[order]
+    same = (pe[:-1] == ps[1:]) & (ph[:-1] == ph[1:])
+    first = np.flatnonzero(np.r_[True, ~same])
+    last = np.r_[first[1:] - 1, ps.size - 1]
+    return pd.DataFrame({"rank": np.int64(rank), "start_ns": ps[first], "end_ns": pe[last],
+                         "phase": strings_at(vocab, ph[first]),
+                         "category": strings_at(np.array([GPU_CATEGORY], dtype=object), np.zeros(first.size, np.int64))})
 
 
 def _empty_pieces() -> pd.DataFrame:
