@@ -453,6 +453,11 @@ def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         return _empty(PHASE_COLUMNS)
     if pieces["phase"].isna().any() or pieces["category"].isna().any():
         return _window_phases_grouped(pieces, windows)  # the groupby's null rules, rarely needed
+    w_rank = windows["rank"].to_numpy(np.int64)
+    if (w_rank == w_rank[0]).all():  # one rank's windows (the finish task's)
+        one = _window_phases_one_rank(pieces, windows, int(w_rank[0]))
+        if one is not None:
+            return one
     cols: dict[str, list[np.ndarray]] = {c: [] for c in PHASE_COLUMNS}
     by_rank = {int(r): g for r, g in pieces.groupby("rank", sort=False)}
     for r, w in windows.groupby("rank", sort=False):
@@ -478,6 +483,36 @@ def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     if not cols["window"]:
         return _empty(PHASE_COLUMNS)
     return pd.DataFrame({c: np.concatenate(v) for c, v in cols.items()})[PHASE_COLUMNS]
+
+
+def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: int) -> pd.DataFrame | None:
+    """``window_phases`` of windows all of ``rank``: its pieces taken only when other ranks' are
+    there too, the phase and category strings made per distinct name (not inferred row by row).
+    None where the names are not all strings (the general path then decides)."""
+    pr = pieces["rank"].to_numpy(np.int64)
+    mine = pr == rank
+    p = pieces if mine.all() else pieces[mine]
+    if not len(p):
+        return _empty(PHASE_COLUMNS)
+    pcode, pnames = pd.factorize(p["phase"])  # no nulls here (checked by the caller)
+    ccode, cnames = pd.factorize(p["category"])
+    pnames, cnames = np.asarray(pnames, dtype=object), np.asarray(cnames, dtype=object)
+    if not all(type(x) is str for x in pnames) or not all(type(x) is str for x in cnames):
+        return None
+    hit = _window_hits(p, windows)
+    if hit is None:
+        return _empty(PHASE_COLUMNS)
+    win, idx, dur = hit
+    wcode, wids = pd.factorize(windows["window"].to_numpy(np.int64)[win])
+    group, _ = pd.factorize(wcode * np.int64(max(len(pnames), 1)) + pcode[idx])
+    first = np.unique(group, return_index=True)[1]  # codes number groups in order of first appearance
+    order = np.argsort(group, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
+    return pd.DataFrame({"window": np.asarray(wids, np.int64)[wcode[first]],
+                         "rank": np.full(first.size, rank, np.int64),
+                         "phase": strings_at(pnames, pcode[idx[first]]),
+                         "category": strings_at(cnames, ccode[idx[first]]),
+                         "ns": np.add.reduceat(dur[order], starts)})[PHASE_COLUMNS]
 
 
 def _window_hits(p: pd.DataFrame, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
