@@ -148,14 +148,16 @@ def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_G
         sync_waits = ov.sync_wait_intervals(events)  # from all events: GPU collectives are not host-blocking
     if arrays is None:
         arrays = ov.event_arrays(events)
-    host = ov.attribute_gaps(events, windows, sync_waits, arrays=arrays, with_gpu=False)  # GPU left out
+    host = ov.attribute_coded(events, windows, sync_waits, arrays=arrays, with_gpu=False)  # GPU left out
     gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(gpu_rows(events))
     runs = _launch_runs_coded(arrays, gpu_ev) if _correlations_unsigned(events) else _launch_runs(events, gpu_ev)
     copies = _blocking_copies_coded(arrays)
     parts = []
-    for rank, h in host.groupby("rank", sort=True):
-        r = int(rank)
-        parts.append(_rank_pieces(r, h, runs.get(r, iv.empty()), copies.get(r, iv.empty()), gpu_ev))
+    if host is not None:
+        charges, vocab = host
+        causes = vocab.array()
+        for r, h in charges:
+            parts.append(_rank_pieces(r, h, causes, runs.get(r, iv.empty()), copies.get(r, iv.empty()), gpu_ev))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
 
@@ -304,16 +306,15 @@ def _blocking_copies(events: pd.DataFrame) -> dict[int, iv.Intervals]:
             for r, g in rt.groupby("rank", sort=False)}
 
 
-def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: iv.Intervals,
+def _rank_pieces(rank: int, host, causes: np.ndarray, run_iv: iv.Intervals, copy_iv: iv.Intervals,
                  g: _GpuArrays) -> pd.DataFrame:
-    """One rank's host pieces (``attribute_gaps`` rows, never without a cause or category), cut
-    and relabelled where the host ran launch-bound or was blocked on its GPU. Phases and
-    categories are integer codes of one vocabulary until the frame is made: pieces are compared
-    and merged as integers, and each new name is spelled once."""
-    hs, he = host["start_ns"].to_numpy(np.int64), host["end_ns"].to_numpy(np.int64)
-    p_codes, p_names = pd.factorize(host["cause"])
-    c_codes, c_names = pd.factorize(host["category"])
-    names = [str(n) for n in p_names]
+    """One rank's host pieces (``overhead.attribute_coded``'s charges of the rank: ``host``, cause
+    ids naming ``causes``, never without a cause or category), cut and relabelled where the host
+    ran launch-bound or was blocked on its GPU. Phases and categories are integer codes of one
+    vocabulary (each name one code) until the frame is made: pieces are compared and merged as
+    integers, and each new name is spelled once."""
+    hs, he = np.asarray(host.start, np.int64), np.asarray(host.end, np.int64)
+    names = [str(n) for n in causes]
     ids = {n: i for i, n in enumerate(names)}
 
     def code(name: str) -> int:
@@ -322,9 +323,8 @@ def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: i
             names.append(name)
         return ids[name]
 
-    phase = np.asarray(p_codes, np.int64)
-    cat = np.array([code(str(n)) for n in c_names], np.int64)[np.asarray(c_codes, np.int64)] if len(c_names) \
-        else np.asarray(c_codes, np.int64)
+    phase = np.asarray(host.cause, np.int64)
+    cat = np.array([code(str(n)) for n in ov.per_rank.CATEGORIES], np.int64)[np.asarray(host.category, np.int64)]
     r = g.of(rank)
     gs, ge, comm = g.start[r], g.end[r], g.comm[r]
     compute = g.compute_layer(rank)
