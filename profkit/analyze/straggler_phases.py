@@ -503,16 +503,25 @@ def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: i
     if hit is None:
         return _empty(PHASE_COLUMNS)
     win, idx, dur = hit
-    wcode, wids = pd.factorize(windows["window"].to_numpy(np.int64)[win])
-    group, _ = pd.factorize(wcode * np.int64(max(len(pnames), 1)) + pcode[idx])
-    first = np.unique(group, return_index=True)[1]  # codes number groups in order of first appearance
-    order = np.argsort(group, kind="stable")
-    starts = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
+    # window ids coded in order of first appearance: ``win`` never decreases, so that is the
+    # order of the windows' rows (factorized per window, not per hit)
+    rows = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
+    row_code, wids = pd.factorize(windows["window"].to_numpy(np.int64)[win[rows]])
+    wcode = np.repeat(np.asarray(row_code, np.int64), np.diff(np.r_[rows, win.size]))
+    # (window, phase) groups by one stable sort: each group's first hit is its first occurrence,
+    # and groups in order of those are groups in order of first appearance
+    key = wcode * np.int64(max(len(pnames), 1)) + pcode[idx]
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+    by_first = np.argsort(order[starts], kind="stable")
+    first = order[starts][by_first]
+    ns = np.add.reduceat(dur[order], starts)[by_first]
     return pd.DataFrame({"window": np.asarray(wids, np.int64)[wcode[first]],
                          "rank": np.full(first.size, rank, np.int64),
                          "phase": strings_at(pnames, pcode[idx[first]]),
                          "category": strings_at(cnames, ccode[idx[first]]),
-                         "ns": np.add.reduceat(dur[order], starts)})[PHASE_COLUMNS]
+                         "ns": ns})[PHASE_COLUMNS]
 
 
 def _window_hits(p: pd.DataFrame, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
