@@ -140,7 +140,16 @@ def nesting_parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """
     n = starts.size
     parent = np.arange(n, dtype=np.int64) - 1
-    todo = np.arange(n, dtype=np.int64)
+    # an interval ending after every earlier one has no parent (the stack walk pops everything):
+    # answered at once, e.g. a stream's kernels one after the other, which would otherwise take
+    # log2(n) rounds over all of them
+    if n:
+        before = np.maximum.accumulate(ends)
+        top = np.r_[True, before[:-1] < ends[1:]]
+        parent[top] = -1
+        todo = np.flatnonzero(~top).astype(np.int64)
+    else:
+        todo = np.arange(n, dtype=np.int64)
     while todo.size:
         p = parent[todo]
         bad = (p >= 0) & (ends[np.maximum(p, 0)] < ends[todo])

@@ -10,6 +10,7 @@ many numpy rounds as the stack is deep, never one Python step per piece.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -30,6 +31,14 @@ class Layer:
     @property
     def size(self) -> int:
         return int(self.starts.size)
+
+    @cached_property
+    def reach(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per interval (in order): the furthest end reached so far and the first interval that
+        reaches it (``covering``'s tables, made once per layer: layers are queried many times)."""
+        run_end = np.maximum.accumulate(self.ends)
+        idx = np.arange(self.size, dtype=np.int64)
+        return run_end, np.maximum.accumulate(np.where(self.ends == run_end, idx, 0))
 
 
 def make_layer(starts: np.ndarray, ends: np.ndarray, codes: np.ndarray) -> Layer:
@@ -67,9 +76,7 @@ def covering(layer: Layer, t: np.ndarray) -> np.ndarray:
     t = np.asarray(t, np.int64)
     if layer.size == 0:
         return np.full(t.size, NONE, np.int64)
-    run_end = np.maximum.accumulate(layer.ends)
-    idx = np.arange(layer.size, dtype=np.int64)
-    run_arg = np.maximum.accumulate(np.where(layer.ends == run_end, idx, 0))
+    run_end, run_arg = layer.reach
     j = np.searchsorted(layer.starts, t, side="right") - 1
     out = np.full(t.size, NONE, np.int64)
     ok = j >= 0

@@ -72,7 +72,18 @@ def gpu_timeline(events: pd.DataFrame, window: tuple[int, int] | None = None) ->
     is_memcpy = kind_mask(events, (schema.MEMCPY,))[rows]
     is_comm = is_kernel & is_comm_kernel(events["name"])[rows]
     is_comp = (is_kernel & ~is_comm) | kind_mask(events, (schema.MEMSET,))[rows]
+    return _timeline(starts, ends, is_kernel, is_memcpy, is_comm, is_comp, window)
 
+
+def _timeline(starts: np.ndarray, ends: np.ndarray, is_kernel: np.ndarray, is_memcpy: np.ndarray,
+              is_comm: np.ndarray, is_comp: np.ndarray, window: tuple[int, int] | None) -> dict[str, int]:
+    """``gpu_timeline`` of one rank's GPU rows (times and kind flags as arrays). The rows are
+    put in start order once: each union below sorts its subset again, already in order (cheap),
+    and a union does not depend on the order of its intervals."""
+    if starts.size > 1 and not (starts[1:] >= starts[:-1]).all():
+        order = np.argsort(starts, kind="stable")
+        starts, ends, is_kernel, is_memcpy, is_comm, is_comp = (
+            x[order] for x in (starts, ends, is_kernel, is_memcpy, is_comm, is_comp))
     if window is None:
         if starts.size == 0:
             return {k: 0 for k in TIMELINE_FIELDS}
@@ -109,9 +120,23 @@ def gpu_timeline(events: pd.DataFrame, window: tuple[int, int] | None = None) ->
     }
 
 
-def gpu_timelines(events: pd.DataFrame) -> pd.DataFrame:
-    """One GPU-timeline row per rank (whole-trace window per rank)."""
+def gpu_timelines(events: pd.DataFrame, arrays=None) -> pd.DataFrame:
+    """One GPU-timeline row per rank (whole-trace window per rank). ``arrays``:
+    ``overhead.event_arrays(events)`` when the caller has it (kinds and names already coded)."""
     rows = []
+    if arrays is not None:
+        for rank in sorted(arrays.rank_bounds):
+            a, b = arrays.rank_bounds[rank]
+            r = slice(a, b)
+            gpu = arrays.is_kind(r, *schema.GPU_KINDS)
+            is_kernel = arrays.is_kind(r, schema.KERNEL)[gpu]
+            is_comm = is_kernel & arrays.comm[arrays.name[r][gpu]]
+            is_comp = (is_kernel & ~is_comm) | arrays.is_kind(r, schema.MEMSET)[gpu]
+            row = {"rank": int(rank)}
+            row.update(_timeline(arrays.start[r][gpu], arrays.end[r][gpu], is_kernel,
+                                 arrays.is_kind(r, schema.MEMCPY)[gpu], is_comm, is_comp, None))
+            rows.append(row)
+        return pd.DataFrame(rows, columns=["rank", *TIMELINE_FIELDS])
     for rank, rank_events in by_rank(events):
         row = {"rank": int(rank)}
         row.update(gpu_timeline(rank_events))

@@ -136,8 +136,38 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
     ``event_arrays(events)``, when already built. ``with_gpu`` False: as if ``events`` held no
     GPU rows (every instant of the windows is charged to the host).
     """
+    coded = attribute_coded(events, steps, sync_waits, arrays, with_gpu)
+    if coded is None:
+        return _empty_charged()
+    parts, vocab = coded
+    causes = vocab.array()
+    cat = lambda f: np.concatenate([getattr(p, f) for _, p in parts])  # noqa: E731
+    where = cat("where")
+    out = pd.DataFrame(
+        {
+            "rank": np.concatenate([np.full(p.start.size, r, np.int64) for r, p in parts]),
+            "step": cat("step"),
+            "start_ns": cat("start"),
+            "end_ns": cat("end"),
+            "dur_ns": cat("end") - cat("start"),
+            "cause": strings_at(causes, cat("cause")),
+            "category": strings_at(per_rank.CATEGORIES, cat("category")),
+            "gpu_state": strings_at(per_rank.STATES, cat("state")),
+            "where": strings_at(causes, where),
+        }
+    )
+    return out[CHARGED_COLUMNS]
+
+
+def attribute_coded(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.DataFrame | None = None,
+                    arrays: per_rank.EventArrays | None = None, with_gpu: bool = True
+                    ) -> tuple[list[tuple[int, per_rank.RankCharges]], per_rank.Vocab] | None:
+    """``attribute_gaps`` before its table is made: per rank (in rank order) its charged
+    intervals with causes as ids of the returned vocabulary and categories as indexes of
+    ``overhead_rank.CATEGORIES``; None where nothing is charged. For callers that go on
+    computing with the causes (the timeline pieces): no strings made and factorized again."""
     if not with_gpu and (steps is None or not len(steps)):
-        return _empty_charged()  # the windows would be those of the GPU events: none
+        return None  # the windows would be those of the GPU events: none
     windows = analysis_windows(events, steps)
     if sync_waits is None:
         sync_waits = sync_wait_intervals(events if with_gpu else events[~gpu.kind_mask(events, schema.GPU_KINDS)])
@@ -162,24 +192,8 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
         if got is not None:
             parts.append((int(rank), got))
     if not parts:
-        return _empty_charged()
-    causes = vocab.array()
-    cat = lambda f: np.concatenate([getattr(p, f) for _, p in parts])  # noqa: E731
-    where = cat("where")
-    out = pd.DataFrame(
-        {
-            "rank": np.concatenate([np.full(p.start.size, r, np.int64) for r, p in parts]),
-            "step": cat("step"),
-            "start_ns": cat("start"),
-            "end_ns": cat("end"),
-            "dur_ns": cat("end") - cat("start"),
-            "cause": strings_at(causes, cat("cause")),
-            "category": strings_at(per_rank.CATEGORIES, cat("category")),
-            "gpu_state": strings_at(per_rank.STATES, cat("state")),
-            "where": strings_at(causes, where),
-        }
-    )
-    return out[CHARGED_COLUMNS]
+        return None
+    return parts, vocab
 
 
 def sync_wait_intervals(events: pd.DataFrame) -> pd.DataFrame:

@@ -102,18 +102,20 @@ def launch_runs_by_thread(
     Each launch is joined to its kernel by correlation id; a correlation id with more than one
     kernel (a graph replay: one launch, many kernels) is left out, so a replay is never a run.
     One copy for the overhead attribution (``overhead_rank``) and the straggler phases."""
-    uniq, counts = np.unique(kernel_corr, return_counts=True)
-    single = np.isin(kernel_corr, uniq[counts == 1])
-    kc, ks, ke = kernel_corr[single], kernel_starts[single], kernel_ends[single]
-    order = np.argsort(kc)  # correlation ids are distinct here: any sort gives one order
-    kc, ks, ke = kc[order], ks[order], ke[order]
+    # one sort by correlation finds the ids held by a single kernel and puts them in order
+    # (distinct ids: any sort gives the same order)
+    by_corr = np.argsort(kernel_corr, kind="stable")
+    sc = kernel_corr[by_corr]
+    first = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]]) if sc.size else np.empty(0, np.int64)
+    alone = by_corr[first[np.diff(np.r_[first, sc.size]) == 1]]
+    kc, ks, ke = kernel_corr[alone], kernel_starts[alone], kernel_ends[alone]
     if not kc.size:
         return iv.empty()
     pos = np.clip(np.searchsorted(kc, launch_corr), 0, kc.size - 1)
     hit = kc[pos] == launch_corr
     ls, lt, kss, kes = launch_starts[hit], launch_threads[hit], ks[pos[hit]], ke[pos[hit]]
     parts_s, parts_e = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-    for thread in np.unique(lt):
+    for thread in iv.unique_sorted(lt):  # np.unique's hash path is slow on ~10^5 rows
         m = lt == thread
         rs, re_ = launch_runs(ls[m], kss[m], kes[m])
         parts_s.append(rs)

@@ -306,7 +306,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     store.put(gpu_ops_key(rank), impact_program.gpu_ops(events, gpu))
     if keep_aligned:
         store.put(aligned_key(rank), events)
-    out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events),
+    out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events, arrays),
                      windows=windows, candidates=candidates, extents=extents,
                      tokens=step_tokens(steps, events), duplicates=duplicates, cut=int(cut.get(rank, 0)),
                      n_events=len(events))

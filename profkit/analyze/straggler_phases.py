@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from profkit import schema
 from profkit import intervals as iv
@@ -100,6 +101,17 @@ def _match_flags(names: pd.Series, regex) -> np.ndarray:
     return flags[np.asarray(codes, np.int64)]
 
 
+def _factorize_str(names: pd.Series) -> tuple[np.ndarray, object]:
+    """``pd.factorize(names.astype(str))``: a column of strings without nulls is factorized as it
+    is (same codes and values; ``astype(str)`` would copy every row's string first)."""
+    dtype = names.dtype
+    strings = (isinstance(dtype, pd.ArrowDtype) and pa.types.is_string(dtype.pyarrow_dtype)) or (
+        isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow")
+    if strings and not names.hasnans:
+        return pd.factorize(names)
+    return pd.factorize(names.astype(str))
+
+
 def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
     """The GPU timeline of each rank: compute-busy time (not communication) cut where kernels
     start and end, each piece named ``gpu:<kernel>`` after the kernel running there."""
@@ -114,8 +126,7 @@ def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
         ps, pe, _ = split_at(busy[0], busy[1], iv.unique_sorted(np.concatenate([layer.starts, layer.ends])))
         j = covering(layer, ps)
         ok = (j >= 0) & (pe > ps)
-        parts.append(_merge(rank, ps[ok], pe[ok], g.vocab[layer.codes[j[ok]]],
-                            np.full(int(ok.sum()), GPU_CATEGORY, dtype=object)))
+        parts.append(_merge_labels(rank, ps[ok], pe[ok], layer.codes[j[ok]], g.vocab))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
 
@@ -135,14 +146,18 @@ def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_G
     windows = _tiled_windows(extents, steps)
     if sync_waits is None:
         sync_waits = ov.sync_wait_intervals(events)  # from all events: GPU collectives are not host-blocking
-    host = ov.attribute_gaps(events, windows, sync_waits, arrays=arrays, with_gpu=False)  # GPU left out
+    if arrays is None:
+        arrays = ov.event_arrays(events)
+    host = ov.attribute_coded(events, windows, sync_waits, arrays=arrays, with_gpu=False)  # GPU left out
     gpu_ev = gpu_arrays if gpu_arrays is not None else _GpuArrays.build(gpu_rows(events))
-    runs = _launch_runs(events, gpu_ev)
-    copies = _blocking_copies(events)
+    runs = _launch_runs_coded(arrays, gpu_ev) if _correlations_unsigned(events) else _launch_runs(events, gpu_ev)
+    copies = _blocking_copies_coded(arrays)
     parts = []
-    for rank, h in host.groupby("rank", sort=True):
-        r = int(rank)
-        parts.append(_rank_pieces(r, h, runs.get(r, iv.empty()), copies.get(r, iv.empty()), gpu_ev))
+    if host is not None:
+        charges, vocab = host
+        causes = vocab.array()
+        for r, h in charges:
+            parts.append(_rank_pieces(r, h, causes, runs.get(r, iv.empty()), copies.get(r, iv.empty()), gpu_ev))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
 
@@ -163,7 +178,7 @@ class _GpuArrays:
     def build(cls, g: pd.DataFrame) -> "_GpuArrays":
         rank = g["rank"].to_numpy(np.int64)
         order = np.argsort(rank, kind="stable")
-        codes, uniques = pd.factorize(g["name"].astype(str))  # each distinct name tested and labelled once
+        codes, uniques = _factorize_str(g["name"])  # each distinct name tested and labelled once
         comm = np.zeros(len(g), bool)
         is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
         if is_k.any():
@@ -222,6 +237,60 @@ def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Interval
     return out
 
 
+def _correlations_unsigned(events: pd.DataFrame) -> bool:
+    """No negative correlation id: ``EventArrays.corr`` (-1 for none) tells a missing one apart."""
+    corr = events["correlation"]
+    return not len(corr) or corr.isna().all() or int(corr.min()) >= 0
+
+
+def _name_flags(uniques: np.ndarray, regex) -> np.ndarray:
+    """``regex.match`` of each of ``EventArrays.uniques`` (its "" for a missing name never matches
+    these patterns, as ``_match_flags`` leaves a missing name False)."""
+    return np.array([bool(regex.match(str(u))) for u in uniques], dtype=bool)
+
+
+def _launch_runs_coded(ea, g: "_GpuArrays") -> dict[int, iv.Intervals]:
+    """``_launch_runs`` from the attribution's arrays (``overhead.event_arrays``): no rows of the
+    event table's string columns taken. Needs correlation ids >= 0 (-1 there means none)."""
+    if not g.rank.size or ea.uniques is None:
+        return {}
+    kernel_launch = _name_flags(ea.uniques, host_mod.KERNEL_LAUNCH_RE)
+    out: dict[int, iv.Intervals] = {}
+    for rank in sorted(ea.rank_bounds):
+        a, b = ea.rank_bounds[rank]
+        rows = slice(a, b)
+        corr = ea.corr[rows]
+        launch = ea.is_kind(rows, schema.RUNTIME) & (corr >= 0) & kernel_launch[ea.name[rows]]
+        if int(launch.sum()) < host_mod.RUN_MIN_LAUNCHES:
+            continue
+        r = g.of(int(rank))
+        k_ok = ~g.comm[r] & (g.corr[r] >= 0)
+        runs = host_mod.launch_runs_by_thread(g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok],
+                                              corr[launch], ea.start[rows][launch], ea.thread[rows][launch])
+        if not runs[0].size:
+            continue
+        gs, ge, comm = g.start[r], g.end[r], g.comm[r]
+        big = (~comm) & ((ge - gs) > host_mod.TINY_KERNEL_MAX_NS)
+        runs = iv.subtract(iv.subtract(runs, iv.union(gs[big], ge[big])), iv.union(gs[comm], ge[comm]))
+        out[int(rank)] = runs
+    return out
+
+
+def _blocking_copies_coded(ea) -> dict[int, iv.Intervals]:
+    """``_blocking_copies`` from the attribution's arrays (``overhead.event_arrays``)."""
+    if ea.uniques is None:
+        return {}
+    copy = _name_flags(ea.uniques, host_mod.COPY_LAUNCH_RE)
+    out: dict[int, iv.Intervals] = {}
+    for rank, (a, b) in ea.rank_bounds.items():
+        rows = slice(a, b)
+        s, e = ea.start[rows], ea.end[rows]
+        m = ea.is_kind(rows, schema.RUNTIME) & ((e - s) >= BLOCKING_COPY_NS) & copy[ea.name[rows]]
+        if m.any():
+            out[int(rank)] = iv.union(s[m], e[m])
+    return out
+
+
 def _blocking_copies(events: pd.DataFrame) -> dict[int, iv.Intervals]:
     """Copy calls long enough to have blocked the host (``cudaMemcpyAsync`` to pageable memory,
     ``.item()``/``.tolist()``: the call returns when the GPU got there), per rank."""
@@ -237,16 +306,15 @@ def _blocking_copies(events: pd.DataFrame) -> dict[int, iv.Intervals]:
             for r, g in rt.groupby("rank", sort=False)}
 
 
-def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: iv.Intervals,
+def _rank_pieces(rank: int, host, causes: np.ndarray, run_iv: iv.Intervals, copy_iv: iv.Intervals,
                  g: _GpuArrays) -> pd.DataFrame:
-    """One rank's host pieces (``attribute_gaps`` rows, never without a cause or category), cut
-    and relabelled where the host ran launch-bound or was blocked on its GPU. Phases and
-    categories are integer codes of one vocabulary until the frame is made: pieces are compared
-    and merged as integers, and each new name is spelled once."""
-    hs, he = host["start_ns"].to_numpy(np.int64), host["end_ns"].to_numpy(np.int64)
-    p_codes, p_names = pd.factorize(host["cause"])
-    c_codes, c_names = pd.factorize(host["category"])
-    names = [str(n) for n in p_names]
+    """One rank's host pieces (``overhead.attribute_coded``'s charges of the rank: ``host``, cause
+    ids naming ``causes``, never without a cause or category), cut and relabelled where the host
+    ran launch-bound or was blocked on its GPU. Phases and categories are integer codes of one
+    vocabulary (each name one code) until the frame is made: pieces are compared and merged as
+    integers, and each new name is spelled once."""
+    hs, he = np.asarray(host.start, np.int64), np.asarray(host.end, np.int64)
+    names = [str(n) for n in causes]
     ids = {n: i for i, n in enumerate(names)}
 
     def code(name: str) -> int:
@@ -255,9 +323,8 @@ def _rank_pieces(rank: int, host: pd.DataFrame, run_iv: iv.Intervals, copy_iv: i
             names.append(name)
         return ids[name]
 
-    phase = np.asarray(p_codes, np.int64)
-    cat = np.array([code(str(n)) for n in c_names], np.int64)[np.asarray(c_codes, np.int64)] if len(c_names) \
-        else np.asarray(c_codes, np.int64)
+    phase = np.asarray(host.cause, np.int64)
+    cat = np.array([code(str(n)) for n in ov.per_rank.CATEGORIES], np.int64)[np.asarray(host.category, np.int64)]
     r = g.of(rank)
     gs, ge, comm = g.start[r], g.end[r], g.comm[r]
     compute = g.compute_layer(rank)
@@ -356,6 +423,21 @@ def _merge(rank: int, ps, pe, ph, ct) -> pd.DataFrame:
                          "phase": ph[first], "category": ct[first]})
 
 
+def _merge_labels(rank: int, ps, pe, codes, vocab: np.ndarray) -> pd.DataFrame:
+    """``_merge`` of GPU pieces labelled ``vocab[codes]`` (distinct labels, so codes compare as
+    the labels do), category ``GPU_CATEGORY``: the strings are made per distinct label."""
+    if not ps.size or not all(type(v) is str for v in vocab):
+        return _merge(rank, ps, pe, vocab[codes], np.full(ps.size, GPU_CATEGORY, dtype=object))
+    order = np.argsort(ps, kind="stable")
+    ps, pe, ph = ps[order], pe[order], np.asarray(codes, np.int64)[order]
+    same = (pe[:-1] == ps[1:]) & (ph[:-1] == ph[1:])
+    first = np.flatnonzero(np.r_[True, ~same])
+    last = np.r_[first[1:] - 1, ps.size - 1]
+    return pd.DataFrame({"rank": np.int64(rank), "start_ns": ps[first], "end_ns": pe[last],
+                         "phase": strings_at(vocab, ph[first]),
+                         "category": strings_at(np.array([GPU_CATEGORY], dtype=object), np.zeros(first.size, np.int64))})
+
+
 def _empty_pieces() -> pd.DataFrame:
     return pd.DataFrame({"rank": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"),
                          "end_ns": pd.Series(dtype="int64"), "phase": pd.Series(dtype=object),
@@ -371,6 +453,11 @@ def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         return _empty(PHASE_COLUMNS)
     if pieces["phase"].isna().any() or pieces["category"].isna().any():
         return _window_phases_grouped(pieces, windows)  # the groupby's null rules, rarely needed
+    w_rank = windows["rank"].to_numpy(np.int64)
+    if (w_rank == w_rank[0]).all():  # one rank's windows (the finish task's)
+        one = _window_phases_one_rank(pieces, windows, int(w_rank[0]))
+        if one is not None:
+            return one
     cols: dict[str, list[np.ndarray]] = {c: [] for c in PHASE_COLUMNS}
     by_rank = {int(r): g for r, g in pieces.groupby("rank", sort=False)}
     for r, w in windows.groupby("rank", sort=False):
@@ -396,6 +483,45 @@ def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     if not cols["window"]:
         return _empty(PHASE_COLUMNS)
     return pd.DataFrame({c: np.concatenate(v) for c, v in cols.items()})[PHASE_COLUMNS]
+
+
+def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: int) -> pd.DataFrame | None:
+    """``window_phases`` of windows all of ``rank``: its pieces taken only when other ranks' are
+    there too, the phase and category strings made per distinct name (not inferred row by row).
+    None where the names are not all strings (the general path then decides)."""
+    pr = pieces["rank"].to_numpy(np.int64)
+    mine = pr == rank
+    p = pieces if mine.all() else pieces[mine]
+    if not len(p):
+        return _empty(PHASE_COLUMNS)
+    pcode, pnames = pd.factorize(p["phase"])  # no nulls here (checked by the caller)
+    ccode, cnames = pd.factorize(p["category"])
+    pnames, cnames = np.asarray(pnames, dtype=object), np.asarray(cnames, dtype=object)
+    if not all(type(x) is str for x in pnames) or not all(type(x) is str for x in cnames):
+        return None
+    hit = _window_hits(p, windows)
+    if hit is None:
+        return _empty(PHASE_COLUMNS)
+    win, idx, dur = hit
+    # window ids coded in order of first appearance: ``win`` never decreases, so that is the
+    # order of the windows' rows (factorized per window, not per hit)
+    rows = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
+    row_code, wids = pd.factorize(windows["window"].to_numpy(np.int64)[win[rows]])
+    wcode = np.repeat(np.asarray(row_code, np.int64), np.diff(np.r_[rows, win.size]))
+    # (window, phase) groups by one stable sort: each group's first hit is its first occurrence,
+    # and groups in order of those are groups in order of first appearance
+    key = wcode * np.int64(max(len(pnames), 1)) + pcode[idx]
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+    by_first = np.argsort(order[starts], kind="stable")
+    first = order[starts][by_first]
+    ns = np.add.reduceat(dur[order], starts)[by_first]
+    return pd.DataFrame({"window": np.asarray(wids, np.int64)[wcode[first]],
+                         "rank": np.full(first.size, rank, np.int64),
+                         "phase": strings_at(pnames, pcode[idx[first]]),
+                         "category": strings_at(cnames, ccode[idx[first]]),
+                         "ns": ns})[PHASE_COLUMNS]
 
 
 def _window_hits(p: pd.DataFrame, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
