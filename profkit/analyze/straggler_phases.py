@@ -221,20 +221,27 @@ def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Interval
     lr, lc, ls = rt["rank"].to_numpy(np.int64), rt["correlation"].to_numpy(np.int64), rt["start_ns"].to_numpy(np.int64)
     out: dict[int, iv.Intervals] = {}
     for rank in np.unique(lr):
-        r = g.of(int(rank))
-        k_ok = ~g.comm[r] & (g.corr[r] >= 0)
         m = lr == rank
         if m.sum() < host_mod.RUN_MIN_LAUNCHES:
             continue
-        runs = host_mod.launch_runs_by_thread(g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok],
-                                              lc[m], ls[m], thread[m])
-        if not runs[0].size:
-            continue
-        gs, ge, comm = g.start[r], g.end[r], g.comm[r]
-        big = (~comm) & ((ge - gs) > host_mod.TINY_KERNEL_MAX_NS)
-        runs = iv.subtract(iv.subtract(runs, iv.union(gs[big], ge[big])), iv.union(gs[comm], ge[comm]))
-        out[int(rank)] = runs
+        runs = _rank_runs(g, int(rank), lc[m], ls[m], thread[m])
+        if runs is not None:
+            out[int(rank)] = runs
     return out
+
+
+def _rank_runs(g: "_GpuArrays", rank: int, corr: np.ndarray, start: np.ndarray, thread: np.ndarray
+               ) -> iv.Intervals | None:
+    """One rank's launch-bound runs from its kernel launches (correlation, start, launching
+    thread), minus the time its non-tiny compute and its communication kernels run (None: no run)."""
+    r = g.of(rank)
+    k_ok = ~g.comm[r] & (g.corr[r] >= 0)
+    runs = host_mod.launch_runs_by_thread(g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok], corr, start, thread)
+    if not runs[0].size:
+        return None
+    gs, ge, comm = g.start[r], g.end[r], g.comm[r]
+    big = (~comm) & ((ge - gs) > host_mod.TINY_KERNEL_MAX_NS)
+    return iv.subtract(iv.subtract(runs, iv.union(gs[big], ge[big])), iv.union(gs[comm], ge[comm]))
 
 
 def _correlations_unsigned(events: pd.DataFrame) -> bool:
@@ -263,16 +270,9 @@ def _launch_runs_coded(ea, g: "_GpuArrays") -> dict[int, iv.Intervals]:
         launch = ea.is_kind(rows, schema.RUNTIME) & (corr >= 0) & kernel_launch[ea.name[rows]]
         if int(launch.sum()) < host_mod.RUN_MIN_LAUNCHES:
             continue
-        r = g.of(int(rank))
-        k_ok = ~g.comm[r] & (g.corr[r] >= 0)
-        runs = host_mod.launch_runs_by_thread(g.corr[r][k_ok], g.start[r][k_ok], g.end[r][k_ok],
-                                              corr[launch], ea.start[rows][launch], ea.thread[rows][launch])
-        if not runs[0].size:
-            continue
-        gs, ge, comm = g.start[r], g.end[r], g.comm[r]
-        big = (~comm) & ((ge - gs) > host_mod.TINY_KERNEL_MAX_NS)
-        runs = iv.subtract(iv.subtract(runs, iv.union(gs[big], ge[big])), iv.union(gs[comm], ge[comm]))
-        out[int(rank)] = runs
+        runs = _rank_runs(g, int(rank), corr[launch], ea.start[rows][launch], ea.thread[rows][launch])
+        if runs is not None:
+            out[int(rank)] = runs
     return out
 
 

@@ -606,26 +606,10 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     rows, code, rank = rows[ok], code[ok], rank[ok]
     if not rows.size:
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
-    ctx = _thread_context(events)
-    coll_by_rank, sync_by_thread = _collective_marks(events)
     key = _thread_key(_rows(events, rows, ("rank", "pid", "tid")))
     s = events["start_ns"].to_numpy(np.int64)[rows]
     e = events["end_ns"].to_numpy(np.int64)[rows]
-    blocked = np.zeros(rows.size, np.int64)
-    holds = np.zeros(rows.size, bool)
-
-    def inside(starts: np.ndarray | None, m: np.ndarray) -> np.ndarray:
-        if starts is None or not starts.size:
-            return np.zeros(int(m.sum()), bool)
-        return np.searchsorted(starts, e[m], side="left") > np.searchsorted(starts, s[m], side="left")
-
-    for k in np.unique(key):
-        m = key == k
-        _, blocked[m] = ctx.longest_block(int(k), s[m], e[m])
-        holds[m] |= inside(sync_by_thread.get(int(k)), m)
-    for r in np.unique(rank):
-        m = rank == r
-        holds[m] |= inside(coll_by_rank.get(int(r)), m)
+    blocked, holds = _blocked_and_holding(events, key, rank, s, e)
     gkey = rank * np.int64(len(name_u)) + by_text[code]
     order = np.lexsort((s, gkey))  # stable: rows of one start keep their order
     gk = gkey[order]
@@ -645,6 +629,30 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     return facts[FACT_COLUMNS], sample
 
 
+def _blocked_and_holding(events: pd.DataFrame, key: np.ndarray, rank: np.ndarray, s: np.ndarray,
+                         e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per span [s, e) of a thread (``key``) on a rank: the longest blocking OS call inside it
+    (ns), and whether it holds a collective's start (of its rank) or a sync mark (of its thread)."""
+    ctx = _thread_context(events)
+    coll_by_rank, sync_by_thread = _collective_marks(events)
+    blocked = np.zeros(s.size, np.int64)
+    holds = np.zeros(s.size, bool)
+
+    def inside(starts: np.ndarray | None, m: np.ndarray) -> np.ndarray:
+        if starts is None or not starts.size:
+            return np.zeros(int(m.sum()), bool)
+        return np.searchsorted(starts, e[m], side="left") > np.searchsorted(starts, s[m], side="left")
+
+    for k in np.unique(key):
+        m = key == k
+        _, blocked[m] = ctx.longest_block(int(k), s[m], e[m])
+        holds[m] |= inside(sync_by_thread.get(int(k)), m)
+    for r in np.unique(rank):
+        m = rank == r
+        holds[m] |= inside(coll_by_rank.get(int(r)), m)
+    return blocked, holds
+
+
 def _span_facts_frames(events: pd.DataFrame, exclude: re.Pattern[str] | None = None
                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``span_facts`` grouping the spans' rows as frames (spans without a name: pandas drops
@@ -662,26 +670,10 @@ def _span_facts_frames(events: pd.DataFrame, exclude: re.Pattern[str] | None = N
     spans = spans[spans.set_index(["rank", "name"]).index.map(counts).to_numpy(np.int64) >= MIN_INSTANCES]
     if not len(spans):
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
-    ctx = _thread_context(events)
-    coll_by_rank, sync_by_thread = _collective_marks(events)
     key = _thread_key(spans)
     rank = spans["rank"].to_numpy(np.int64)
     s, e = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
-    blocked = np.zeros(len(spans), np.int64)
-    holds = np.zeros(len(spans), bool)
-
-    def inside(starts: np.ndarray | None, m: np.ndarray) -> np.ndarray:
-        if starts is None or not starts.size:
-            return np.zeros(int(m.sum()), bool)
-        return np.searchsorted(starts, e[m], side="left") > np.searchsorted(starts, s[m], side="left")
-
-    for k in np.unique(key):
-        m = key == k
-        _, blocked[m] = ctx.longest_block(int(k), s[m], e[m])
-        holds[m] |= inside(sync_by_thread.get(int(k)), m)
-    for r in np.unique(rank):
-        m = rank == r
-        holds[m] |= inside(coll_by_rank.get(int(r)), m)
+    blocked, holds = _blocked_and_holding(events, key, rank, s, e)
     df = pd.DataFrame({"rank": spans["rank"].to_numpy(np.int64), "name": spans["name"].astype(str).to_numpy(dtype=object),
                        "start_ns": s, "end_ns": e, "dur": e - s, "blocked": blocked, "holds": holds})
     g = df.groupby(["rank", "name"], sort=True)
