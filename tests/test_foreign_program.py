@@ -123,8 +123,10 @@ def test_foreign_episodes_are_the_steps_after_each_collection(variant, foreign, 
     if variant == "full":
         assert sorted(mine["step"].astype(int)) == sorted(got)
     else:  # calling threads only: no Gloo worker spans, so some sync instances stand on aligned ends
-        # alone; once in ~6 full-suite runs on 2 loaded cores one GC step of 6 went unseen (not
-        # root-caused). Every episode is still a GC step, and all but one GC step are found.
+        # alone; on 2 loaded cores GC steps went unseen now and then. One cause is found and mended
+        # (aligned ends a millisecond off closed the late rank's own window: see test_stragglers'
+        # test_a_late_arrivers_window_is_not_closed_by_its_own_instance); one miss is still
+        # tolerated. Every episode is still a GC step, and all but one GC step are found.
         assert set(mine["step"].astype(int)) <= set(got) and len(mine) >= len(got) - 1, (sorted(mine["step"]), got)
     assert set(mine["cause"]) == {"update_from_output"}
     for step, ms in got.items():

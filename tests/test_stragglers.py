@@ -435,3 +435,20 @@ def test_coded_window_phases_join_as_phase_codes(seed):
         for c in ("window", "rank", "ns"):
             np.testing.assert_array_equal(getattr(joined, kind)[c].to_numpy(np.int64),
                                           getattr(plain, kind)[c].to_numpy(np.int64))
+
+
+def test_a_late_arrivers_window_is_not_closed_by_its_own_instance():
+    """Aligned clocks a millisecond off (calling threads only, a loaded host) can put the peer's
+    recorded end of an instance before the late arriver's own arrival, and the instance's common
+    exit (the median of the ends) with it. That exit must not count as the late arriver's
+    previous sync: its window reaches back to the instance before, where its GC is (found on a
+    real capture of tests/workloads/foreign_dp_ep.py, whose GC steps it hid)."""
+    inst = pd.DataFrame({
+        "instance": [1, 1, 2, 2], "rank": [0, 1, 0, 1],
+        "start_ns": [100, 100, 1005, 200], "end_ns": [110, 110, 1010, 990],  # rank 1's end: before rank 0 came
+        "key": "cpu_span||all_reduce|", "coll_name": "all_reduce", "source_kind": "cpu_span", "complete": True})
+    windows = pd.DataFrame({"rank": [0, 1], "trace_start_ns": [0, 0], "trace_end_ns": [2000, 2000]})
+    rows, _ = arr_mod.arrival_rows(inst, windows, None)
+    late = rows[(rows["instance"] == 2) & (rows["rank"] == 0)].iloc[0]
+    assert late["work_start_ns"] == 110 and late["work_ns"] == 895
+    assert late["work_excess_ns"] == 895 - (200 - 110)  # its own work beyond its peer's: the GC

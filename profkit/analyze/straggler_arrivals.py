@@ -169,6 +169,10 @@ def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
     ids, exit_end = exits.index.to_numpy(np.int64), exits["end_ns"].astype("int64").to_numpy(np.int64)
     at = np.searchsorted(ids, inst["instance"].to_numpy(np.int64))  # each row's instance
     own = np.minimum(own, exit_end[at])
+    # ... and never at or before the rank's own arrival at it: aligned clocks a millisecond off
+    # (calling threads only, a loaded host) can put the common exit there, and the instance
+    # would then close the late arriver's own work window (its GC before it read as none)
+    own = np.maximum(own, inst["start_ns"].to_numpy(np.int64) + 1)
     # keys as codes (rows and instances alike; -1: none), ranks from 0
     row_key, keys = pd.factorize(inst["key"].astype(str))
     code_of = {k: i for i, k in enumerate(keys)}
