@@ -222,14 +222,14 @@ def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None,
     return delta, int(forced)
 
 
-WARM_UP_EVENTS = 250_000  # events on one rank from which a run warms the kernel up while workers read
+WARM_UP_EVENTS = 250_000  # events on one rank from which a run warms the kernel up while workers prepare
 
 
 def warm_up() -> bool:
     """Import numba and load the compiled kernel (from its cache, or compile it) on a graph of no
     points, so the driver's replay does not wait for it later: importing numba and loading its
     LLVM library take ~2 s, which a run of a large capture spends in a background thread while the
-    workers read and prepare (``pipeline.run_stages``). False when there is no kernel to warm."""
+    workers prepare the ranks (``pipeline.run_stages``). False when there is no kernel to warm."""
     kernel = _kernel()
     if kernel is None:
         return False
