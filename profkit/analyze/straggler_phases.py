@@ -623,16 +623,23 @@ def phase_codes(tables: list[pd.DataFrame]) -> tuple[list[tuple[np.ndarray, np.n
     for t in tables:
         p, pu = pd.factorize(t["phase"])
         c, cu = pd.factorize(t["category"])
-        coded.append((np.asarray(p, np.int64), np.asarray(pu, dtype=object), np.asarray(c, np.int64),
-                      np.asarray(cu, dtype=object)))
-    names: list = sorted({str(x) for _, pu, _, _ in coded for x in pu})
-    if any((p < 0).any() for p, *_ in coded):
+        coded.append((np.asarray(p, np.int64), np.asarray(pu, dtype=object), np.asarray(cu, dtype=object),
+                      np.asarray(c, np.int64)))
+    return joined_codes(coded)
+
+
+def joined_codes(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+                 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """``phase_codes`` from tables already factorized, each as (phase codes, their names, category
+    names, category codes; -1: null): the driver joins the ranks' coded tables with it."""
+    names: list = sorted({str(x) for _, pu, _, _ in tables for x in pu})
+    if any((p < 0).any() for p, *_ in tables):
         names.append(None)  # window_phases drops null phases: only a table made elsewhere has one
-    cats = list(dict.fromkeys(str(x) for *_, cu in coded for x in cu))
+    cats = list(dict.fromkeys(str(x) for _, _, cu, _ in tables for x in cu))
     p_of = {x: i for i, x in enumerate(names)}
     c_of = {x: i for i, x in enumerate(cats)}
     out = []
-    for p, pu, c, cu in coded:
+    for p, pu, cu, c in tables:
         pmap = np.array([p_of[str(x)] for x in pu] + [len(names) - 1], dtype=np.int64)  # -1: the null phase
         cmap = np.array([c_of[str(x)] for x in cu] + [-1], dtype=np.int64)  # -1 stays -1
         out.append((pmap[p], cmap[c]))

@@ -200,8 +200,8 @@ class WindowPhases:
                     self.names, self.categories)
         if self.vocab is None:
             return ph_mod.phase_codes(tables)
-        return _joined_codes([(t["phase"].to_numpy(np.int64),) + self.vocab[k] + (t["category"].to_numpy(np.int64),)
-                              for k, t in zip(_KINDS, tables)])
+        return ph_mod.joined_codes([(t["phase"].to_numpy(np.int64),) + self.vocab[k]
+                                    + (t["category"].to_numpy(np.int64),) for k, t in zip(_KINDS, tables)])
 
     @staticmethod
     def concat(parts: list["WindowPhases"]) -> "WindowPhases":
@@ -215,32 +215,14 @@ class WindowPhases:
         return WindowPhases(cat("host"), cat("gpu"), cat("acc"))
 
 
-def _joined_codes(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
-                  ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
-    """``phase_codes``' result from factorized tables (phase codes, their names, category names,
-    category codes): phases sorted (a null phase, code -1, last), categories in order of first
-    appearance over the tables in order (-1: none)."""
-    names: list = sorted({str(x) for _, pu, _, _ in tables for x in pu})
-    if any((p < 0).any() for p, *_ in tables):
-        names.append(None)
-    cats = list(dict.fromkeys(str(x) for _, _, cu, _ in tables for x in cu))
-    p_of = {x: i for i, x in enumerate(names)}
-    c_of = {x: i for i, x in enumerate(cats)}
-    out = []
-    for p, pu, cu, c in tables:
-        pmap = np.array([p_of[str(x)] for x in pu] + [len(names) - 1], dtype=np.int64)  # -1: the null phase
-        cmap = np.array([c_of[str(x)] for x in cu] + [-1], dtype=np.int64)
-        out.append((pmap[p], cmap[c]))
-    return out, np.array(names, dtype=object), np.array(cats, dtype=object)
-
-
 def _concat_coded(parts: list[WindowPhases]) -> WindowPhases:
     """Coded parts joined: each kind's table in part order, codes against the names of every part
     and kind. Categories are named in order of first appearance over host, GPU, then accounting
     tables, each in part order: the order ``phase_codes`` finds them in the joined tables."""
     pieces = [(kind, p) for kind in _KINDS for p in parts if len(getattr(p, kind))]
-    codes, names, cats = _joined_codes([(getattr(p, kind)["phase"].to_numpy(np.int64),) + p.vocab[kind]
-                                        + (getattr(p, kind)["category"].to_numpy(np.int64),) for kind, p in pieces])
+    codes, names, cats = ph_mod.joined_codes([(getattr(p, kind)["phase"].to_numpy(np.int64),) + p.vocab[kind]
+                                              + (getattr(p, kind)["category"].to_numpy(np.int64),)
+                                              for kind, p in pieces])
     tables = {}
     for kind in _KINDS:
         mine = [(getattr(p, k), c) for (k, p), c in zip(pieces, codes) if k == kind]
