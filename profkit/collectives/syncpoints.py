@@ -724,18 +724,9 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
 
 def _name_flags(names: pd.Series, test) -> np.ndarray:
     """``test`` (a function of a Series of strings -> bools) applied once per distinct name
-    (a missing name is tested as "")."""
+    (a missing name is tested as ""): ``code_flags`` of the column's codes."""
     codes, uniques = pd.factorize(names, use_na_sentinel=True)  # Arrow strings: dictionary-encoded
-    codes = np.asarray(codes, np.int64)
-    if not codes.size:
-        return np.zeros(0, bool)
-    distinct = [str(u) for u in uniques]
-    missing = codes < 0
-    if missing.any():
-        codes = np.where(missing, len(distinct), codes)
-        distinct.append("")
-    flags = np.asarray(test(pd.Series(np.asarray(distinct, dtype=object), dtype=object)), dtype=bool)
-    return flags[codes]
+    return code_flags(np.array([str(u) for u in uniques], dtype=object), np.asarray(codes, np.int64), test)
 
 
 def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict[str, str]:
