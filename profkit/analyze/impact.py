@@ -394,14 +394,18 @@ def _median_step_share_of(w: rp.WorkArrays) -> np.ndarray:
     rank_ids, rank_of = _sorted_codes(w.rank)
     if step_ids.size >= 1 << _STEP_BITS or w.names.size >= 1 << _CODE_BITS:
         raise ValueError("impact: too many steps or phases to pack")
-    dense_rank, dense_step = rank_of.astype(np.int64), step_of.astype(np.int64)
-    r, c, st, ns = dense_rank[lane_rows], w.code[lane_rows], dense_step[lane_rows], w.ns[lane_rows]
-    key = (r << (_CODE_BITS + _STEP_BITS)) | (c << _STEP_BITS) | st
+    # (rank, phase, step) of every row as one key; the lanes' rows are the ones medians are taken over
+    all_key = (rank_of << (_CODE_BITS + _STEP_BITS)) | (w.code << _STEP_BITS) | step_of
+    del rank_of, step_of  # (every array here is one int64 per work row: millions at DEP256)
+    key = all_key[lane_rows]
     uniq, inv = _sorted_codes(key)
-    own = np.bincount(inv, weights=ns.astype(np.float64))
+    own = np.bincount(inv, weights=w.ns[lane_rows].astype(np.float64))
+    del inv
     u_rank = uniq >> (_CODE_BITS + _STEP_BITS)
     group = uniq >> _STEP_BITS  # (rank, phase)
-    rank_steps = np.sort(pd.unique((r << _STEP_BITS) | st)) >> _STEP_BITS
+    step_mask = np.int64((1 << _STEP_BITS) - 1)
+    rank_steps = np.sort(pd.unique(((key >> (_CODE_BITS + _STEP_BITS)) << _STEP_BITS) | (key & step_mask))) >> _STEP_BITS
+    del key
     ranks_u, n_of_rank = np.unique(rank_steps, return_counts=True)  # steps each rank has
     order = np.lexsort((own, group))
     g_sorted, v_sorted = group[order], own[order]
@@ -418,7 +422,6 @@ def _median_step_share_of(w: rp.WorkArrays) -> np.ndarray:
     med[order] = med_sorted
     share_u = np.where(own > 0, np.clip((own - med) / np.where(own > 0, own, 1.0), 0.0, 1.0), 0.0)
     # every row of a (rank, phase, step), the sync's wait rows too, gets that key's share
-    all_key = (dense_rank << (_CODE_BITS + _STEP_BITS)) | (w.code << _STEP_BITS) | dense_step
     pos = np.searchsorted(uniq, all_key)
     ok = (w.step >= 0) & (pos < uniq.size)
     ok[ok] &= uniq[pos[ok]] == all_key[ok]

@@ -73,7 +73,7 @@ class ReplayGraph:
     arr_nodes: np.ndarray  # arrivals sorted by instance (CSR over instances)
     arr_slack: np.ndarray  # last arrival - this arrival
     arr_bounds: np.ndarray  # (instances + 1,)
-    edges: pd.DataFrame  # EDGE_COLUMNS + gid, gsrc, gdst
+    edges: pd.DataFrame  # one row per global edge id: its rank and kind (the links are in in_src / in_edge / in_slack)
     work: WorkArrays
     residual_ns: int = 0
     notes: list[str] = field(default_factory=list)
@@ -83,8 +83,10 @@ class ReplayGraph:
         return int(self.offsets[-1])
 
 
-def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
-    """Join the ranks' programs: global ids, the arrivals of every instance."""
+def build_graph(programs: list[prog.RankProgram], consume: bool = False) -> ReplayGraph:
+    """Join the ranks' programs: global ids, the arrivals of every instance. ``consume``: each
+    program table is released once joined (the driver then never holds the programs and the whole
+    graph at once: at DEP256 x 200 each is hundreds of MB)."""
     programs = sorted((p for p in programs if p is not None and len(p.nodes)), key=lambda p: p.rank)
     sizes = np.array([len(p.nodes) for p in programs], np.int64)
     offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
@@ -93,31 +95,47 @@ def build_graph(programs: list[prog.RankProgram]) -> ReplayGraph:
         return _empty_graph()
     nodes = _stack([p.nodes for p in programs], prog.NODE_COLUMNS)
     nodes["gid"] = np.arange(n, dtype=np.int64)
+    if consume:
+        for p in programs:
+            p.nodes = None
     e_sizes = np.array([len(p.edges) for p in programs], np.int64)
-    e_base = np.repeat(np.r_[0, np.cumsum(e_sizes)[:-1]], e_sizes)  # each edge's rank's first global edge id
+    e_base = np.r_[0, np.cumsum(e_sizes)[:-1]].astype(np.int64)  # each rank's first global edge id
+    # the edges go into the incoming-edge arrays column by column, each released once used
     edges = _stack([p.edges for p in programs], prog.EDGE_COLUMNS)
+    if consume:
+        for p in programs:
+            p.edges = None
+    col = {c: edges.pop(c).to_numpy(np.int64) for c in ("edge", "dst", "src", "slack_ns")}
+    gid = col.pop("edge") + np.repeat(e_base, e_sizes)
     off_of_edge = np.repeat(offsets[:-1], e_sizes)
-    edges["gid"] = edges["edge"].to_numpy(np.int64) + e_base
-    edges["gdst"] = edges["dst"].to_numpy(np.int64) + off_of_edge
-    src = edges["src"].to_numpy(np.int64)
-    edges["gsrc"] = np.where(src >= 0, src + off_of_edge, -1)
-    with_work = [(p, base) for p, base in zip(programs, np.r_[0, np.cumsum(e_sizes)[:-1]]) if len(p.work)]
-    if with_work:
-        work = _stack([p.work for p, _ in with_work], prog.WORK_COLUMNS, text=("phase",))
-        work["gedge"] = work["edge"].to_numpy(np.int64) + np.repeat(
-            np.array([b for _, b in with_work], np.int64), [len(p.work) for p, _ in with_work])
-    else:
-        work = prog._empty_work().assign(gedge=pd.Series(dtype="int64"))
+    gdst = col.pop("dst") + off_of_edge
+    src = col.pop("src")
+    gsrc = np.where(src >= 0, src + off_of_edge, -1)
+    del src, off_of_edge
     in_src = np.full((n, IN), -1, np.int64)
     in_edge = np.full((n, IN), -1, np.int64)
     in_slack = np.zeros((n, IN), np.int64)
-    gdst = edges["gdst"].to_numpy(np.int64)
     slot = _slot_in_group(gdst)
     if (slot >= IN).any():
         raise ValueError(f"impact replay: a point with more than {IN} incoming edges")
-    in_src[gdst, slot] = edges["gsrc"].to_numpy(np.int64)
-    in_edge[gdst, slot] = edges["gid"].to_numpy(np.int64)
-    in_slack[gdst, slot] = edges["slack_ns"].to_numpy(np.int64)
+    in_src[gdst, slot] = gsrc
+    in_edge[gdst, slot] = gid
+    in_slack[gdst, slot] = col.pop("slack_ns")
+    del slot, gdst, gsrc, gid
+    # the edges' links live in in_src / in_edge / in_slack: of the table, each edge's rank and kind stay
+    edges = edges[["rank", "kind"]]
+    with_work = [(p, base) for p, base in zip(programs, e_base) if len(p.work)]
+    if with_work:
+        work_rows = [len(p.work) for p, _ in with_work]
+        work = _stack([p.work for p, _ in with_work], prog.WORK_COLUMNS, text=("phase",))
+        if consume:
+            for p, _ in with_work:
+                p.work = None
+        work["gedge"] = work["edge"].to_numpy(np.int64) + np.repeat(
+            np.array([b for _, b in with_work], np.int64), work_rows)
+    else:
+        work = prog._empty_work().assign(gedge=pd.Series(dtype="int64"))
+    del with_work
     kind = nodes["kind"].to_numpy(np.int64)
     is_exit = kind == prog.EXIT
     is_arrive = kind == prog.ARRIVE
@@ -171,7 +189,7 @@ def _empty_graph() -> ReplayGraph:
     z2 = np.zeros((0, IN), np.int64)
     z = np.zeros(0, np.int64)
     nodes = pd.DataFrame({c: pd.Series(dtype="int64") for c in prog.NODE_COLUMNS + ["gid"]})
-    edges = pd.DataFrame({c: pd.Series(dtype="int64") for c in prog.EDGE_COLUMNS + ["gid", "gdst", "gsrc"]})
+    edges = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", "kind")})
     work = WorkArrays.of(prog._empty_work().assign(gedge=pd.Series(dtype="int64")))
     return ReplayGraph(nodes, np.zeros(1, np.int64), z, z2, z2.copy(), z2.copy(), z.astype(bool), z.astype(bool), z,
                        z, z, np.zeros(1, np.int64), edges, work)

@@ -142,6 +142,9 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     del phases
     causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
     cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
+    del fin
+    plan.host_w = plan.gpu_w = plan.acc_w = None  # the windows were summed: the verdicts are made
+    _trim()
     episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
     # map 4 + reduce: each rank's replay program, then the what-if replay over all of them
     impact = _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels, stats)
@@ -226,6 +229,7 @@ def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels
     from profkit.analyze import impact_replay as rp
 
     syncs = impact_program.syncs_from_arrivals(plan.arrivals)
+    plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the syncs hold what is left to use
     by_rank = dict(iter(syncs.groupby("rank", sort=False))) if len(syncs) else {}
     steps_by_rank = dict(iter(steps.groupby("rank", sort=False))) if len(steps) else {}
     gpu_phases = frozenset(impact_mod.straggler_gpu_phases(per_rank))
@@ -238,8 +242,9 @@ def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels
         x.program = None
     straggler_list = straggler_ranks(per_rank)
     try:
-        graph = rp.build_graph(programs)
+        graph = rp.build_graph(programs, consume=True)
         del programs  # the joined graph holds the same points: the replay's matrices come after
+        _trim()
         return impact_mod.impact_from_graph(graph, steps, causes=causes, cause_steps=cause_steps,
                                             stragglers=per_rank, straggler_ranks=straggler_list)
     except (ValueError, IndexError) as exc:  # a replay that cannot be built must not cost the other tables

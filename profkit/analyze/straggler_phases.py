@@ -568,7 +568,7 @@ def _window_phases_grouped(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.Da
         category=("category", "first"), ns=("ns", "sum"))[PHASE_COLUMNS]
 
 
-MAX_PAIR_ROWS = 2_000_000  # (window, rank, phase) rows built at once: bounds the peak memory at DEP256
+MAX_PAIR_ROWS = 500_000  # (window, rank, phase) rows built at once: bounds the peak memory at DEP256
 
 
 @dataclass
@@ -677,17 +677,21 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
         return _empty_coded(names, categories)
     pw, ns, pr = pw[keep], ns[keep], phases["rank"].to_numpy(np.int64)[keep]
     pc, cc = p_codes[keep], c_codes[keep]
+    del keep
     # one stable sort by (window, phase in order of first appearance, ns), as one int64 key
     seen = pd.unique(pc)
     local = np.zeros(max(len(names), 1), np.int64)
     local[seen] = np.arange(seen.size)
     group_key = np.searchsorted(w_ids, pw) * np.int64(seen.size) + local[pc]  # every kept window has a row in windows
+    del pw, pc
     top = int(ns.max()) + 1
     if int(group_key.max()) < np.iinfo(np.int64).max // top:
         key = group_key * top + ns
+        del group_key, ns
         order = np.argsort(key, kind="stable")
         key = key[order]
         group_key, ns = key // top, key % top
+        del key
     else:  # an int64 cannot hold both
         order = np.lexsort((ns, group_key))
         group_key, ns = group_key[order], ns[order]
@@ -695,24 +699,29 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
     new = np.r_[True, group_key[1:] != group_key[:-1]]
     g_first = np.flatnonzero(new)  # (window, phase) groups: first row, size, participants
     gid = np.cumsum(new) - 1
+    del new
     g_k = np.diff(np.r_[g_first, ns.size])
     g_wcode = group_key[g_first] // np.int64(seen.size)
     g_w = w_ids[g_wcode]
     g_n = n_per[g_wcode]
     g_p = seen[group_key[g_first] % np.int64(seen.size)]
     g_c = cc[order[g_first]]
-    del order, group_key, new
+    del order, group_key, cc, g_wcode
     pos_in = np.arange(ns.size) - g_first[gid]
     span = int(max(pr.max(), want["rank"].to_numpy(np.int64).max())) + 1
     own_key = gid * np.int64(span) + pr
+    del gid, pr
     by_key = np.argsort(own_key, kind="stable")
     own_sorted = own_key[by_key]
+    del own_key
     # each wanted (window, rank) meets its window's groups, a contiguous range of them
     want_r = want["rank"].to_numpy(np.int64)
     lo = np.searchsorted(g_w, want_w, side="left")
     cnt = np.searchsorted(g_w, want_w, side="right") - lo
-    parts = []
     bounds = np.r_[0, np.cumsum(cnt)]
+    # the rows are written into columns made once (not chunks joined after: at DEP256 the
+    # table is millions of rows, and a join would hold it twice)
+    cols = {c: np.empty(int(bounds[-1]), np.int64) for c in EXCESS_COLUMNS}
     cut = np.searchsorted(bounds, np.arange(0, bounds[-1], MAX_PAIR_ROWS), side="right") - 1
     for a, b in zip(cut, np.r_[cut[1:], want_w.size]):
         if a >= b:
@@ -721,17 +730,22 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
         total = int(k.sum())
         if not total:
             continue
+        at = slice(int(bounds[a]), int(bounds[a]) + total)
         wi = np.repeat(np.arange(a, b), k)
         g = np.repeat(lo[a:b] - np.cumsum(k) + k, k) + np.arange(total)
         r = want_r[wi]
-        j = np.searchsorted(own_sorted, g * np.int64(span) + r)
-        j_ok = np.minimum(j, own_sorted.size - 1)
-        found = own_sorted[j_ok] == g * np.int64(span) + r
+        del wi
+        key = g * np.int64(span) + r
+        j_ok = np.minimum(np.searchsorted(own_sorted, key), own_sorted.size - 1)
+        found = own_sorted[j_ok] == key
+        del key
         own_row = by_key[j_ok]
+        del j_ok
         own_ns = np.where(found, ns[own_row], 0)
         n = g_n[g]
         z = n - g_k[g]  # participants without the phase: zeros, sorted first
         pos = np.where(found, z + pos_in[own_row], 0)
+        del found, own_row
         first_row = g_first[g]
         m = n - 1  # number of others
 
@@ -740,15 +754,19 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
             return np.where(jj >= z, ns[np.clip(first_row + jj - z, 0, ns.size - 1)], 0)
 
         lo_v, hi_v = other_at(np.maximum((m - 1) // 2, 0)), other_at(np.maximum(m // 2, 0))
-        peer = np.where(m > 0, lo_v + (hi_v - lo_v) // 2, 0).astype(np.int64)
-        # fresh arrays, not copied into one block (millions of rows at DEP32 x 1000)
-        parts.append(pd.DataFrame({"window": g_w[g], "rank": r, "phase": g_p[g], "category": g_c[g],
-                                   "ns": own_ns.astype(np.int64), "peer_ns": peer, "excess_ns": own_ns - peer},
-                                  copy=False))
-    if not parts:
+        peer = np.where(m > 0, lo_v + (hi_v - lo_v) // 2, 0)
+        del lo_v, hi_v, pos, first_row, n, z
+        cols["window"][at] = g_w[g]
+        cols["rank"][at] = r
+        cols["phase"][at] = g_p[g]
+        cols["category"][at] = g_c[g]
+        cols["ns"][at] = own_ns
+        cols["peer_ns"][at] = peer
+        cols["excess_ns"][at] = own_ns - peer
+        del g, r, own_ns, peer, m
+    if not bounds[-1]:
         return _empty_coded(names, categories)
-    out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    return CodedExcess(out[EXCESS_COLUMNS], names, categories)
+    return CodedExcess(pd.DataFrame(cols, copy=False), names, categories)
 
 
 def _empty_coded(names: np.ndarray, categories: np.ndarray) -> CodedExcess:

@@ -280,9 +280,9 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     # phase names as integer codes shared by the three tables: the rows below are grouped by phase
     (host_c, gpu_c, acc_c), names, cats = phases.codes()
     host_x = ph_mod.coded_phase_excess(phases.host, *host_c, names, cats, host_w, explain & ~gated).causes_only()
-    phases.host = None  # consumed: at DEP32 x 1000 steps each table is millions of rows
+    phases.host = host_c = None  # consumed: at DEP32 x 1000 steps each table is millions of rows
     gpu_x = ph_mod.coded_phase_excess(phases.gpu, *gpu_c, names, cats, gpu_w)  # every GPU window
-    phases.gpu = None
+    phases.gpu = gpu_c = None
     wanted = arrivals.loc[explain & gated, ["instance", "rank"]]
     if len(wanted):
         gx = gpu_x.rows
@@ -292,13 +292,15 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
         why = ph_mod.concat_excess([host_x, gpu_x.take(pick).causes_only()])
     else:
         why = ph_mod.concat_excess([host_x])
+    del host_x
     # what each rank spent beyond its peers, each instant counted once: its host timeline cut at
     # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
     acc_step = dict(plan.acc_step)
     acc_x = ph_mod.coded_phase_excess(phases.acc, *acc_c, names, cats, plan.acc_w).causes_only()
-    phases.acc = None
+    phases.acc = acc_c = None
     host_only = acc_x.rows["category"].to_numpy(np.int64) != _category_code(acc_x, ph_mod.GPU_CATEGORY)
     acc_x = ph_mod.concat_excess([acc_x.take(host_only), gpu_x])
+    del gpu_x  # joined into acc_x: millions of rows not to hold twice
     acc_step.update(_instance_steps(arrivals).to_dict())
     per_rank = _per_rank(plan.ranks, arrivals, steps, extents, acc_x, report)
     matched = plan.matched if plan.matched is not None else _match(plan.instances)
@@ -629,8 +631,10 @@ def _step_phase_table(excess: ph_mod.CodedExcess) -> pd.DataFrame:
     x = excess.rows
     step = x["step"]
     keep = step.notna().to_numpy(bool)
+    if keep.all():  # (the usual case: no copies of millions of rows)
+        keep = slice(None)
     r, p = x["rank"].to_numpy(np.int64)[keep], x["phase"].to_numpy(np.int64)[keep]
-    st = step.to_numpy()[keep].astype(np.int64)
+    st = step.to_numpy()[keep].astype(np.int64, copy=False)
     cols = {"rank": r[:0], "step": st[:0], "phase": p[:0], "excess_ns": r[:0], "ns": r[:0], "n_own": r[:0]}
     if not r.size:
         return pd.DataFrame(cols).astype({"step": step.dtype})
@@ -646,12 +650,14 @@ def _step_phase_table(excess: ph_mod.CodedExcess) -> pd.DataFrame:
     # bincount; ``np.add.at`` took seconds on millions of rows)
     order = np.argsort(codes, kind="stable")
     bounds = np.r_[0, np.cumsum(np.bincount(codes, minlength=n))[:-1]]  # factorize: every code has rows
+    del codes
     first = order[bounds]
-    own = x["ns"].to_numpy(np.int64)[keep]
     excess_ns = np.add.reduceat(x["excess_ns"].to_numpy(np.int64)[keep][order], bounds)
-    own_sorted = own[order]
+    own_sorted = x["ns"].to_numpy(np.int64)[keep][order]
+    del order
     ns = np.add.reduceat(np.where(own_sorted > 0, own_sorted, 0), bounds)
     n_own = np.add.reduceat((own_sorted > 0).astype(np.int64), bounds)
+    del own_sorted
     return pd.DataFrame({"rank": r[first], "step": pd.Series(st[first]).astype(step.dtype).to_numpy(),
                          "phase": p[first], "excess_ns": excess_ns, "ns": ns, "n_own": n_own}, copy=False)
 
