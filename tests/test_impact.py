@@ -219,6 +219,27 @@ def test_baseline_replay_reproduces_every_point_exactly():
     assert g.residual_ns == 0  # the model explains every observed time without normalizing
 
 
+def test_build_graph_consuming_the_programs_builds_the_same_graph():
+    """The driver lets ``build_graph`` release each program table once joined (its memory peak at
+    DEP256): the graph must be the one built from programs left intact, and the tables gone."""
+    pre = steady(3, 4, [("schedule", 2 * MS)])
+    pre[1][2] = [("schedule", 9 * MS)]
+    hp, sy, st, gp = Mini(pre, steady(3, 4, [("update", MS)]), launches=5).run()
+    programs = [prog.rank_program(r, sy, st, hp, gp[r], prog.ph_mod._empty_pieces()) for r in range(3)]
+    kept = rp.build_graph(programs)
+    consumed = rp.build_graph(programs, consume=True)
+    assert all(p.nodes is None and p.edges is None and p.work is None for p in programs)
+    assert len(consumed.edges) == len(kept.edges) > 0
+    pd.testing.assert_frame_equal(consumed.nodes, kept.nodes, check_exact=True)
+    pd.testing.assert_frame_equal(consumed.edges, kept.edges, check_exact=True)
+    for name in ("offsets", "ranks", "in_src", "in_edge", "in_slack", "is_exit", "is_arrive", "inst", "arr_nodes",
+                 "arr_slack", "arr_bounds"):
+        np.testing.assert_array_equal(getattr(consumed, name), getattr(kept, name), err_msg=name)
+    for name in ("rank", "edge", "step", "lane", "code", "ns", "names"):
+        np.testing.assert_array_equal(getattr(consumed.work, name), getattr(kept.work, name), err_msg=name)
+    assert consumed.work.size > 0
+
+
 def test_straggler_free_and_spike_free_bounds():
     pre = steady(4, 6, [("schedule", 2 * MS)])
     pre[2][1] = [("schedule", 12 * MS)]  # rank 2 slow once
