@@ -49,7 +49,7 @@ class TraceArgs(msgspec.Struct, gc=False):
 class MetaArgs(msgspec.Struct, gc=False):
     """``args`` of a metadata (``M``) event: only its names are read. Apart from ``TraceArgs``
     because every key of every other event's args is matched against TraceArgs' fields: two
-    fields fewer there take ~5% off decoding a Kineto trace."""
+    fields fewer there take ~3% off msgspec's decoding of a Kineto trace (cachegrind)."""
 
     name: Scalar = None  # process_name / thread_name
     labels: Scalar = None  # process_labels
