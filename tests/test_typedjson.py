@@ -13,7 +13,7 @@ import pytest
 
 from profkit.ingest import jsonio, kineto
 from profkit.ingest.kineto import read_kineto
-from profkit.ingest.typedjson import TraceArgs, TraceEvent, args_dict, decode_piece, is_typed
+from profkit.ingest.typedjson import MetaArgs, TraceArgs, TraceEvent, args_dict, decode_piece, event_dict, is_typed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +66,37 @@ def test_typed_pieces_are_structs_and_odd_shapes_fall_back_to_dicts():
         events = decode_piece(odd)
         assert events is not None and not is_typed(events) and all(type(x) is not TraceEvent for x in events), odd
     assert decode_piece(b'[{"ph": "X", "name": "cut') is None  # not JSON: the caller tries another cut
+
+
+def test_metadata_args_apart_and_unread_args_skipped(tmp_path, monkeypatch):
+    """M events' args decode to MetaArgs (names only), X and instant args to TraceArgs; the args of
+    phases no reader reads (B/E, counters) are skipped unbuilt, so odd values there keep the piece
+    typed. Read both ways, the file gives the same table, names and warnings."""
+    events = [
+        {"ph": "M", "name": "process_labels", "pid": 1, "args": {"labels": "CPU", "device": [1]}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "main", "Seq": {"a": 1}}},
+        {"ph": "C", "name": "mem", "pid": 1, "ts": 5, "args": {"Seq": [1, 2]}},
+        {"ph": "B", "name": "span", "cat": "user_annotation", "pid": 1, "tid": 2, "ts": 1, "args": {"x": {}}},
+        {"ph": "E", "pid": 1, "tid": 2, "ts": 9, "args": [1]},
+        {"ph": "i", "name": "mark", "pid": 1, "tid": 2, "ts": 3, "args": {"Collective name": "allreduce", "Seq": 3}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 2, "dur": 1,
+         "args": {"device": 0, "stream": 7, "correlation": 1, "name": [1]}},
+    ]
+    piece = decode_piece(json.dumps(events).encode())
+    assert is_typed(piece)
+    assert type(piece[0].args) is MetaArgs and args_dict(piece[0].args) == {"labels": "CPU"}
+    assert args_dict(piece[1].args) == {"name": "main"}
+    assert "args" not in event_dict(piece[2]) and "args" not in event_dict(piece[3])
+    assert type(piece[5].args) is TraceArgs and args_dict(piece[5].args) == {"Collective name": "allreduce", "Seq": 3}
+    assert args_dict(piece[6].args) == {"device": 0, "stream": 7, "correlation": 1}
+    path = tmp_path / "phases.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    typed, plain = read_both(path, monkeypatch)
+    assert_same(typed, plain)
+    assert typed.table.num_rows == 3 and typed.meta["metadata_events"] == 2  # span, instant, kernel
+    # rows in file order, the B/E span last: the instant's collective args are read
+    assert typed.table["coll_name"].to_pylist() == ["all_reduce", None, None]
+    assert typed.table["coll_seq"].to_pylist() == [3, None, None]
 
 
 def test_hypothesis_random_events_read_the_same_both_ways(tmp_path_factory, monkeypatch):

@@ -425,7 +425,7 @@ class EventColumns:
             return
         codes, names, ts, dur, pid, tid, corr = zip(*self.rows)
         self.rows = []  # the tuples go now, the columns hold the values
-        code = np.array(codes, dtype=np.int32)
+        code = np.fromiter(codes, dtype=np.int32, count=n)
         kinds = np.array(self._code_kind, dtype=object)[code]  # for the drop counts only (same objects)
         start_us, bad_ts = _float_column(ts)
         dur_us, bad_dur = _float_column(dur)
@@ -595,8 +595,8 @@ def _float_column(values: list) -> tuple[np.ndarray, np.ndarray]:
     """(float64 values, mask of entries that were not numbers)."""
     n = len(values)
     if set(map(type, values)) <= {int, float}:
-        try:
-            return np.array(values, dtype=np.float64), np.zeros(n, dtype=bool)
+        try:  # fromiter: the same conversion per value as np.array, without its shape discovery (~2x faster)
+            return np.fromiter(values, dtype=np.float64, count=n), np.zeros(n, dtype=bool)
         except OverflowError:
             pass
     out = np.empty(n, dtype=np.float64)
@@ -672,11 +672,19 @@ def _scatter(rows: list[int], values: list, n: int, typ: pa.DataType, names: dic
 
 
 def _sparse(values: dict[int, Any], n: int, typ: pa.DataType) -> pa.Array:
+    """A column of ``n`` rows holding ``values`` (row -> value), null elsewhere. The values are
+    converted on their own (each value converts alone, so this equals converting the full column
+    with None between them) and placed: no list of ``n`` mostly-None entries."""
     if not values:
         return pa.nulls(n, typ, memory_pool=POOL)
-    full: list = [None] * n
-    for row, v in values.items():
-        full[row] = v
-    if typ == pa.string():
-        return _str_column(full)
-    return _id_column(full, typ, None, "value")
+    rows = sorted(values)  # (already in row order: rows are added in order)
+    compact_values = list(map(values.__getitem__, rows))
+    if typ != pa.string():
+        return _scatter(rows, compact_values, n, typ, None, "value")
+    compact = _str_column(compact_values)
+    at = np.fromiter(rows, dtype=np.int64, count=len(rows))
+    index = np.zeros(n, dtype=np.int64)
+    index[at] = np.arange(len(rows), dtype=np.int64)
+    valid = np.zeros(n, dtype=bool)
+    valid[at] = True
+    return pc.take(compact, pa.array(index, mask=~valid), memory_pool=POOL)
