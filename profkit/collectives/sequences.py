@@ -137,13 +137,15 @@ def _consistent(a, b, pairs, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             around = np.abs(np.nan_to_num(
                 pd.Series(r).rolling(NEIGHBOURS, center=True, min_periods=3).median().to_numpy(), nan=np.inf))
             keep |= around <= tol[k]
-            if keep.mean() >= ORDER_SHARE:
-                # order explains the key, so the line stands on its pairs (a robust fit, most of
-                # them consistent). A calling thread's ends (no Gloo worker span) can stay late for
-                # many instances in a row on a loaded CPU, their median past the tolerance: those
-                # pairs hold while the median stays within half a spacing (order is unambiguous
-                # there) and no neighbour of the pair's end on the other rank lies nearer the line
-                # (as one would after an instance missing near the sequence's edge)
+            if keep.mean() >= ORDER_SHARE or len(ia) == len(a[k]) == len(b[k]):
+                # order explains the key (most pairs consistent: the robust line stands on them),
+                # or both ranks have the same instances and order pairs every one (a pair is off
+                # only if one rank lacks an instance inside AND has an extra one elsewhere). A
+                # calling thread's ends (no Gloo worker span) can stay late for many instances in a
+                # row on a loaded CPU, their median past the tolerance: those pairs hold while the
+                # median stays within half a spacing (order is unambiguous there) and no neighbour
+                # of the pair's end on the other rank lies nearer the line (as one would after an
+                # instance missing near the sequence's edge)
                 keep |= (2 * around < _spacing(a[k])) & _nearest(b[k], ib, a[k][ia] + line)
             # kernel ends are exact and keep the strict rule
         out[k] = (ia[keep], ib[keep])
