@@ -137,7 +137,7 @@ def _consistent(a, b, pairs, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             around = np.abs(np.nan_to_num(
                 pd.Series(r).rolling(NEIGHBOURS, center=True, min_periods=3).median().to_numpy(), nan=np.inf))
             keep |= around <= tol[k]
-            if keep.mean() >= ORDER_SHARE or len(ia) == len(a[k]) == len(b[k]):
+            if keep.size and (keep.mean() >= ORDER_SHARE or len(ia) == len(a[k]) == len(b[k])):
                 # order explains the key (most pairs consistent: the robust line stands on them),
                 # or both ranks have the same instances and order pairs every one (a pair is off
                 # only if one rank lacks an instance inside AND has an extra one elsewhere). A
