@@ -29,6 +29,7 @@ DRIFT_MAX_PPM = 200.0  # how far clocks may drift apart while tracking matches a
 MAX_LAG = 512  # order matching: largest lag (instances cut off one rank) searched
 VOTE_PAIRS = 2_000_000  # vote on at most this many end differences per rank pair
 NEIGHBOURS = 9  # order pairs judged with this many neighbours (a rolling median of end differences)
+ORDER_SHARE = 0.8  # order stands when its pairs agree with one line this often (else votes)
 
 
 def match_sequences(
@@ -47,7 +48,7 @@ def match_sequences(
     order = {k: _order_lag(a[k], b[k], tol[k]) for k in keys}
     kept = _consistent(a, b, order, tol)
     n_order = sum(len(v[0]) for v in kept.values())
-    if n_order >= 0.8 * possible:
+    if n_order >= ORDER_SHARE * possible:
         return kept, "order"
     voted = _vote_track(a, b, keys, tol)
     n_vote = sum(len(v[0]) for v in voted.values())
@@ -63,8 +64,13 @@ def _spacing_tolerance(ends: np.ndarray, tol_ns: int) -> int:
     Kernel tolerances are left as they are."""
     if tol_ns < TOL_NS[CPU_SPAN] or len(ends) < 3:
         return tol_ns
-    spacing = int(np.median(np.diff(np.sort(ends))))
-    return max(tol_ns, min(CPU_TOL_MAX_FACTOR * tol_ns, spacing // 4))
+    return max(tol_ns, min(CPU_TOL_MAX_FACTOR * tol_ns, _spacing(ends) // 4))
+
+
+def _spacing(ends: np.ndarray) -> int:
+    """Median spacing of one rank's instances of a key (0 below 3 ends): the shift of every later
+    end difference when an instance is missing inside the window."""
+    return int(np.median(np.diff(np.sort(ends)))) if len(ends) >= 3 else 0
 
 
 def _order_lag(a: np.ndarray, b: np.ndarray, tol: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,20 +124,40 @@ def _consistent(a, b, pairs, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     off, slope = line_fit(x - x0, y)
     out = {}
     for k, (ia, ib) in pairs.items():
-        r = b[k][ib] - a[k][ia] - (off + slope * (a[k][ia] - x0))
+        line = off + slope * (a[k][ia] - x0)
+        r = b[k][ib] - a[k][ia] - line
         ok = np.abs(r) <= tol[k]
         # one odd end between two consistent neighbours is still the same instance (order holds)
         glitch = ~ok & np.r_[False, ok[:-1]] & np.r_[ok[1:], False]
         keep = ok | glitch
         if tol[k] >= TOL_NS[CPU_SPAN]:
             # host spans: so are noisy ends where the pairs around them agree with the line. A
-            # missing instance shifts every later difference by a whole spacing, one late release
-            # does not (a host released from a Gloo collective may wake ms late on a loaded CPU);
+            # missing instance shifts every later difference by a whole spacing, late releases do
+            # not (a host released from a Gloo collective may wake ms late on a loaded CPU)
+            around = np.abs(np.nan_to_num(
+                pd.Series(r).rolling(NEIGHBOURS, center=True, min_periods=3).median().to_numpy(), nan=np.inf))
+            keep |= around <= tol[k]
+            if keep.size and (keep.mean() >= ORDER_SHARE or len(ia) == len(a[k]) == len(b[k])):
+                # order explains the key (most pairs consistent: the robust line stands on them),
+                # or both ranks have the same instances and order pairs every one (a pair is off
+                # only if one rank lacks an instance inside AND has an extra one elsewhere). A
+                # calling thread's ends (no Gloo worker span) can stay late for many instances in a
+                # row on a loaded CPU, their median past the tolerance: those pairs hold while the
+                # median stays within half a spacing (order is unambiguous there) and no neighbour
+                # of the pair's end on the other rank lies nearer the line (as one would after an
+                # instance missing near the sequence's edge)
+                keep |= (2 * around < _spacing(a[k])) & _nearest(b[k], ib, a[k][ia] + line)
             # kernel ends are exact and keep the strict rule
-            around = pd.Series(r).rolling(NEIGHBOURS, center=True, min_periods=3).median().to_numpy()
-            keep |= np.abs(np.nan_to_num(around, nan=np.inf)) <= tol[k]
         out[k] = (ia[keep], ib[keep])
     return out
+
+
+def _nearest(ends: np.ndarray, idx: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    """True where ``ends[idx]`` is at least as near ``pred`` as its neighbours ``ends[idx -+ 1]``."""
+    err = np.abs(ends[idx] - pred)
+    before = np.where(idx > 0, np.abs(ends[np.maximum(idx - 1, 0)] - pred), np.inf)
+    after = np.where(idx + 1 < len(ends), np.abs(ends[np.minimum(idx + 1, len(ends) - 1)] - pred), np.inf)
+    return (err <= before) & (err <= after)
 
 
 def _vote_track(a, b, keys, tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
