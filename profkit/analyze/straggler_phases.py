@@ -748,12 +748,8 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
         del found, own_row
         first_row = g_first[g]
         m = n - 1  # number of others
-
-        def other_at(i: np.ndarray) -> np.ndarray:  # i-th smallest of the others (the row itself skipped)
-            jj = np.minimum(i + (i >= pos), n - 1)
-            return np.where(jj >= z, ns[np.clip(first_row + jj - z, 0, ns.size - 1)], 0)
-
-        lo_v, hi_v = other_at(np.maximum((m - 1) // 2, 0)), other_at(np.maximum(m // 2, 0))
+        lo_v = _other_at(np.maximum((m - 1) // 2, 0), pos, n, z, first_row, ns)
+        hi_v = _other_at(np.maximum(m // 2, 0), pos, n, z, first_row, ns)
         peer = np.where(m > 0, lo_v + (hi_v - lo_v) // 2, 0)
         del lo_v, hi_v, pos, first_row, n, z
         cols["window"][at] = g_w[g]
@@ -767,6 +763,15 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
     if not bounds[-1]:
         return _empty_coded(names, categories)
     return CodedExcess(pd.DataFrame(cols, copy=False), names, categories)
+
+
+def _other_at(i: np.ndarray, pos: np.ndarray, n: np.ndarray, z: np.ndarray, first_row: np.ndarray,
+              ns: np.ndarray) -> np.ndarray:
+    """The ``i``-th smallest time of each row's others in its (window, phase) group: the row itself
+    (at ``pos``) skipped, the ``z`` participants without the phase first as zeros, then the group's
+    sorted times from ``first_row`` of ``ns``; ``n`` participants in all."""
+    jj = np.minimum(i + (i >= pos), n - 1)
+    return np.where(jj >= z, ns[np.clip(first_row + jj - z, 0, ns.size - 1)], 0)
 
 
 def _empty_coded(names: np.ndarray, categories: np.ndarray) -> CodedExcess:
