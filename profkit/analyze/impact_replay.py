@@ -105,11 +105,10 @@ def build_graph(programs: list[prog.RankProgram], consume: bool = False) -> Repl
     if consume:
         for p in programs:
             p.edges = None
-    col = {c: edges.pop(c).to_numpy(np.int64) for c in ("edge", "dst", "src", "slack_ns")}
-    gid = col.pop("edge") + np.repeat(e_base, e_sizes)
+    gid = edges.pop("edge").to_numpy(np.int64) + np.repeat(e_base, e_sizes)
     off_of_edge = np.repeat(offsets[:-1], e_sizes)
-    gdst = col.pop("dst") + off_of_edge
-    src = col.pop("src")
+    gdst = edges.pop("dst").to_numpy(np.int64) + off_of_edge
+    src = edges.pop("src").to_numpy(np.int64)
     gsrc = np.where(src >= 0, src + off_of_edge, -1)
     del src, off_of_edge
     in_src = np.full((n, IN), -1, np.int64)
@@ -120,10 +119,9 @@ def build_graph(programs: list[prog.RankProgram], consume: bool = False) -> Repl
         raise ValueError(f"impact replay: a point with more than {IN} incoming edges")
     in_src[gdst, slot] = gsrc
     in_edge[gdst, slot] = gid
-    in_slack[gdst, slot] = col.pop("slack_ns")
+    in_slack[gdst, slot] = edges.pop("slack_ns").to_numpy(np.int64)
     del slot, gdst, gsrc, gid
-    # the edges' links live in in_src / in_edge / in_slack: of the table, each edge's rank and kind stay
-    edges = edges[["rank", "kind"]]
+    # the edges' links now live in in_src / in_edge / in_slack: of the table, each edge's rank and kind stay
     with_work = [(p, base) for p, base in zip(programs, e_base) if len(p.work)]
     if with_work:
         work_rows = [len(p.work) for p, _ in with_work]

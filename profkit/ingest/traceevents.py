@@ -661,14 +661,17 @@ def _scatter(rows: list[int], values: list, n: int, typ: pa.DataType, names: dic
     if not rows:
         return pa.nulls(n, typ, memory_pool=POOL)
     compact = _id_column(values, typ, names, what)
-    if len(rows) == n:
-        return compact
-    at = np.asarray(rows, dtype=np.int64)
-    full = np.zeros(n, dtype=np.int32 if typ == pa.int32() else np.int64)
+    return compact if len(rows) == n else _placed(rows, compact, n)
+
+
+def _placed(rows: list[int], compact: pa.Array, n: int) -> pa.Array:
+    """A column of ``n`` rows: ``compact``'s i-th value at row ``rows[i]``, null elsewhere."""
+    at = np.fromiter(rows, dtype=np.int64, count=len(rows))
+    index = np.zeros(n, dtype=np.int64)
+    index[at] = np.arange(len(rows), dtype=np.int64)
     valid = np.zeros(n, dtype=bool)
-    full[at] = compact.fill_null(0).to_numpy()
-    valid[at] = compact.is_valid().to_numpy(zero_copy_only=False)
-    return pa.array(full, type=typ, mask=~valid, memory_pool=POOL)
+    valid[at] = True
+    return pc.take(compact, pa.array(index, mask=~valid), memory_pool=POOL)
 
 
 def _sparse(values: dict[int, Any], n: int, typ: pa.DataType) -> pa.Array:
@@ -681,10 +684,4 @@ def _sparse(values: dict[int, Any], n: int, typ: pa.DataType) -> pa.Array:
     compact_values = list(map(values.__getitem__, rows))
     if typ != pa.string():
         return _scatter(rows, compact_values, n, typ, None, "value")
-    compact = _str_column(compact_values)
-    at = np.fromiter(rows, dtype=np.int64, count=len(rows))
-    index = np.zeros(n, dtype=np.int64)
-    index[at] = np.arange(len(rows), dtype=np.int64)
-    valid = np.zeros(n, dtype=bool)
-    valid[at] = True
-    return pc.take(compact, pa.array(index, mask=~valid), memory_pool=POOL)
+    return _placed(rows, _str_column(compact_values), n)
