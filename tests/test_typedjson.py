@@ -1,8 +1,11 @@
-"""Typed decoding (msgspec structs) reads every trace exactly as the dict path (orjson) does.
+"""Typed decoding (msgspec structs) and the compiled scanner read every trace exactly as the dict
+path (orjson) does.
 
 The reader decodes each piece of the event array into ``typedjson.TraceEvent`` structs and falls
 back to orjson dicts for a piece with a field of another shape; the dict path is the defining one.
-These tests read the same bytes both ways and compare everything the reader returns.
+Where numba is installed, large files are read by ``jsonscan`` into columns instead, and a piece
+it declines is decoded the typed way. These tests read the same bytes all three ways (the scanner
+forced on, whatever the file's size) and compare everything the reader returns.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit.ingest import jsonio, kineto
+from profkit.ingest import jsonio, kineto, scanned
 from profkit.ingest.kineto import read_kineto
 from profkit.ingest.typedjson import MetaArgs, TraceArgs, TraceEvent, args_dict, decode_piece, event_dict, is_typed
 
@@ -19,18 +22,25 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def read_both(path: Path, monkeypatch, chunk: int | None = None):
-    """(typed, dict-path) parts of one file, read with the same piece size."""
+    """(typed, dict-path) parts of one file, read with the same piece size; the file read by the
+    scanner too (its piece size ``chunk`` as well) must give the same as the typed read."""
+    pytest.importorskip("numba")
     with monkeypatch.context() as m:
         if chunk:
             m.setattr(jsonio, "CHUNK_BYTES", chunk)
+            m.setattr(scanned, "CHUNK_BYTES", chunk)
+        m.setattr(scanned, "MIN_FILE_BYTES", 0)
+        [native] = read_kineto(path)
+        m.setenv(scanned.NO_JIT_ENV, "1")
         [typed] = read_kineto(path)
         m.setattr(kineto, "decode_piece", jsonio._orjson_list)
         [plain] = read_kineto(path)
+    assert_same(native, typed)
     return typed, plain
 
 
 def assert_same(typed, plain) -> None:
-    assert typed.table.equals(plain.table), "typed and dict decoding give different tables"
+    assert typed.table.equals(plain.table), "the two reads give different tables"
     assert typed.warnings == plain.warnings
     assert json.dumps(typed.meta, sort_keys=True, default=str) == json.dumps(plain.meta, sort_keys=True, default=str)
     assert (typed.rank, typed.rank_origin) == (plain.rank, plain.rank_origin)
@@ -143,7 +153,7 @@ def test_hypothesis_random_events_read_the_same_both_ways(tmp_path_factory, monk
                                                  "Process Group Name", "Seq", "Sequence number", "In msg nelems",
                                                  "dtype"]), small, max_size=6),
     })
-    pieces = {"typed": 0, "dicts": 0}
+    pieces = {"typed": 0, "dicts": 0, "scanned": 0}
 
     def counting(data):
         out = decode_piece(data)
@@ -151,7 +161,15 @@ def test_hypothesis_random_events_read_the_same_both_ways(tmp_path_factory, monk
             pieces["typed" if is_typed(out) else "dicts"] += 1
         return out
 
+    scan = scanned.decode
+
+    def counting_scans(data):
+        out = scan(data)
+        pieces["scanned"] += type(out) is scanned.ScannedPiece
+        return out
+
     monkeypatch.setattr(kineto, "decode_piece", counting)
+    monkeypatch.setattr(scanned, "decode", counting_scans)
     folder = tmp_path_factory.mktemp("typed")
 
     # two fixed examples always run, so both decoding paths are exercised whatever the random draws:
@@ -177,8 +195,9 @@ def test_hypothesis_random_events_read_the_same_both_ways(tmp_path_factory, monk
         assert_same(typed, plain)
 
     check()
-    # both paths were exercised: the fixed examples alone give 8+ typed and 8+ dict pieces (two reads each)
-    assert pieces["typed"] >= 8 and pieces["dicts"] >= 8, pieces
+    # every path was exercised: the fixed examples alone give 8+ typed and 8+ dict pieces (two reads
+    # each), and the scanner reads the common rows' pieces (the odd rows' pieces it declines)
+    assert pieces["typed"] >= 8 and pieces["dicts"] >= 8 and pieces["scanned"] >= 8, pieces
 
 
 _MISSING = object()

@@ -9,12 +9,14 @@ and are all kept. The rank is ``distributedInfo.rank`` when present.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from profkit import schema as S
 from profkit.errors import TraceError
+from profkit.ingest import scanned
 from profkit.ingest.base import RankPart
 from profkit.ingest.collectives import as_int
 from profkit.ingest.jsonio import ChunkingFailed, TraceJSON, gc_paused, read_head
@@ -70,8 +72,9 @@ def read_trace_json(path: str | Path, source: str, cat_spec: Callable[[str | Non
             doc = TraceJSON.open(path)
             cols = EventColumns(cat_spec)
             chunked = doc.whole_events is None
+            decode, chunk_bytes = _piece_decoder(path)
             try:
-                for chunk in doc.chunks(decode=decode_piece):
+                for chunk in doc.chunks(chunk_bytes, decode=decode):
                     cols.add(chunk)
                     del chunk  # else two chunks of dicts are alive while the next one parses
             except ChunkingFailed:
@@ -87,6 +90,17 @@ def read_trace_json(path: str | Path, source: str, cat_spec: Callable[[str | Non
         raise TraceError(path, "JSON nested too deeply") from None
     except Exception as exc:  # a reader bug must still name the file, not kill the batch
         raise TraceError(path, f"unreadable trace ({type(exc).__name__}: {exc})") from exc
+
+
+def _piece_decoder(path: str | Path) -> tuple[Callable[[Any], Any], int | None]:
+    """(decoder of a piece, piece bytes): the compiled scanner's (``scanned``) where it is installed
+    and the file is large enough to repay loading it, else msgspec's (``decode_piece``)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = None
+    scan = scanned.decoder(size)
+    return (decode_piece, None) if scan is None else (scan, scanned.CHUNK_BYTES)
 
 
 def _finish(path: str, source: str, doc: TraceJSON, cols: EventColumns, chunked: bool) -> RankPart:

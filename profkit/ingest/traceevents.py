@@ -20,6 +20,8 @@ import pyarrow.compute as pc
 
 from profkit import schema as S
 from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel, dtype_bytes, normalize_coll_name
+from profkit.ingest.scanned import (F_CORR_NULL, F_DEV_NULL, F_PID_NULL, F_STREAM_NULL, F_TID_NULL,
+                                    ScannedPiece)
 from profkit.ingest.typedjson import FLOW_TYPES, UNSET, TraceArgs, TraceEvent, event_dict, is_typed
 
 Spec = tuple[str, bool]  # (kind, is_device_event)
@@ -69,6 +71,7 @@ def _cached(cache: dict, key: str, compute: Callable[[str], Any]) -> Any:
 _NCCL_PREFIXES = ("nccl", "rccl")
 # branches of the hot loop (compared by identity)
 _HOST, _RUNTIME, _GPU, _FRAME = "host", "runtime", "gpu", "frame"
+_GROUPS = (_HOST, _RUNTIME, _GPU, _FRAME)
 # Pending rows become one batch of Arrow arrays once this many are collected (or at the
 # end): independent of the parser's piece size, so small pieces do not mean small batches.
 FLUSH_ROWS = 16384
@@ -125,6 +128,7 @@ class EventColumns:
         self.skipped: Counter = Counter()
         self.dropped: Counter = Counter()  # (why, kind) -> rows
         self._coll_names: dict[str, str | None] = {}  # raw "Collective name" -> normalized
+        self._kernel_colls: dict[str, str | None] = {}  # NCCL kernel name -> its collective
         self._dtype_sizes: dict[str, int | None] = {}
         self._new_rows()
 
@@ -164,15 +168,149 @@ class EventColumns:
             self._code_cat.append(cat)
         return code
 
-    def add(self, events: list[Any]) -> None:
+    def add(self, events: Any) -> None:
         """Take one chunk of events (dicts, or ``typedjson.TraceEvent`` structs: one piece is all
-        one or all the other); afterwards the caller may drop them."""
+        one or all the other, or a ``scanned.ScannedPiece``); afterwards the caller may drop them."""
+        if type(events) is ScannedPiece:
+            self._add_scanned(events)
+            return
         if is_typed(events):
             self._rows_typed(events)
         else:
             self._rows(events)
         if len(self.rows) >= FLUSH_ROWS:
             self._flush()
+
+    def _add_scanned(self, p: ScannedPiece) -> None:
+        """The rows of a scanned piece as one batch, the same rows ``_rows_typed`` makes of those
+        events (pending rows are flushed first: batches stay in file order)."""
+        self._flush()
+        if p.flows:
+            self.skipped["flow"] += p.flows
+        n = p.rows
+        if not n:
+            return
+        encoded = p.cats.dictionary_encode()
+        specs = [self._specs.get(cat) or self._resolve(cat) for cat in encoded.dictionary.to_pylist()]
+        at = encoded.indices.to_numpy()
+        code = np.array([spec[3] for spec in specs], np.int32)[at]
+        group = np.array([_GROUPS.index(spec[1]) for spec in specs], np.int8)[at]
+        is_kernel = np.array([spec[0] == S.KERNEL for spec in specs], bool)[at]
+        gpu = group == _GROUPS.index(_GPU)
+        flags = p.flags
+        pid_null = (flags & F_PID_NULL) != 0
+        tid_null = (flags & F_TID_NULL) != 0
+        dev_null = (flags & F_DEV_NULL) != 0
+        stream_null = (flags & F_STREAM_NULL) != 0
+        device = np.where(dev_null, p.pid, p.device)
+        device_null = ~gpu | (dev_null & pid_null) | (device < -(1 << 31)) | (device >= 1 << 31)
+        has_corr = gpu | (group == _GROUPS.index(_RUNTIME))
+        start_ns = us_to_ns(p.start_us)
+        code_array = pa.array(code)
+        batch: dict[str, Any] = {
+            "kind": pc.take(pa.array(self._code_kind, pa.string()), code_array, memory_pool=POOL),
+            "category": pc.take(_str_column(self._code_cat), code_array, memory_pool=POOL),
+            "name": p.names,
+            "start_ns": pa.array(start_ns, pa.int64()),
+            "end_ns": pa.array(start_ns + us_to_ns(p.dur_us), pa.int64()),
+            "on_gpu": pa.array(gpu, memory_pool=POOL),
+            "device": pa.array(device.astype(np.int32), pa.int32(), mask=device_null, memory_pool=POOL),
+            "stream": pa.array(np.where(stream_null, p.tid, p.stream), pa.int64(),
+                               mask=~gpu | (stream_null & tid_null), memory_pool=POOL),
+            "pid": pa.array(p.pid, pa.int64(), mask=gpu | pid_null, memory_pool=POOL),
+            "tid": pa.array(p.tid, pa.int64(), mask=gpu | tid_null, memory_pool=POOL),
+            "correlation": pa.array(p.correlation, pa.int64(), mask=~has_corr | ((flags & F_CORR_NULL) != 0),
+                                    memory_pool=POOL),
+        }
+        rare = np.zeros(n, bool)
+        gpu_host = gpu | (group == _GROUPS.index(_HOST))
+        for row, e in zip(p.odd_rows.tolist(), p.odd_events):
+            rare[row] = True
+            if gpu_host[row]:
+                self._coll_event(row, e, specs[at[row]][0], bool(gpu[row]))
+        c = p.colls
+        if c.rows:
+            rare[c.rows] = True
+            self._coll_scanned(c, [specs[k][0] for k in at[c.rows].tolist()], gpu[c.rows].tolist(),
+                               gpu_host[c.rows].tolist(), p.names)
+        nccl = gpu & is_kernel & ~rare
+        if nccl.any():
+            nccl &= pc.or_(pc.starts_with(p.names, "nccl"), pc.starts_with(p.names, "rccl")).to_numpy(zero_copy_only=False)
+            names = p.names
+            for row in np.flatnonzero(nccl).tolist():
+                coll = _cached(self._kernel_colls, names[row].as_py(), coll_from_kernel)
+                if coll is not None:
+                    self.coll_name[row] = coll
+        sparse = {"coll_name": self.coll_name, "coll_group": self.coll_group, "coll_seq": self.coll_seq, "bytes": self.nbytes}
+        for column, typ in _SPARSE_COLUMNS:
+            batch[column] = _sparse(sparse[column], n, typ)
+        self._batches.append(batch)
+        self._new_rows()
+
+    def _coll_scanned(self, c: Any, kinds: list[str], on_gpu: list[bool], gpu_host: list[bool],
+                      names: pa.StringArray) -> None:
+        """The collective and bytes columns of a scanned piece's RARE rows (``scanned.CollArgs``):
+        ``_rows_typed``'s branches for them, and ``_coll_typed``'s steps."""
+        for j, row in enumerate(c.rows):
+            if not gpu_host[j]:
+                continue
+            kind = kinds[j]
+            if c.coll_present[j]:
+                raw = c.coll[j]
+                name = None if raw is None else _cached(self._coll_names, raw, normalize_coll_name)
+                if name is None and kind == S.KERNEL:
+                    name = _cached(self._kernel_colls, names[row].as_py(), coll_from_kernel)
+                if name is not None:
+                    self.coll_name[row] = name
+                if c.group[j] is not None:
+                    self.coll_group[row] = c.group[j]
+                if c.seq[j] is not None:
+                    self.coll_seq[row] = c.seq[j]
+                nelems, dtype = c.nelems[j], c.dtype[j]
+                if nelems is not None and dtype is not None:
+                    size = _cached(self._dtype_sizes, dtype, dtype_bytes)
+                    if size is not None:
+                        self.nbytes[row] = nelems * size
+            elif on_gpu[j] and kind is S.KERNEL:
+                name = names[row].as_py()
+                if name.startswith(_NCCL_PREFIXES):
+                    coll = _cached(self._kernel_colls, name, coll_from_kernel)
+                    if coll is not None:
+                        self.coll_name[row] = coll
+            elif on_gpu[j] and c.bytes_present[j]:
+                self.nbytes[row] = c.nbytes[j]
+
+    def _coll_event(self, row: int, e: Any, kind: str, on_gpu: bool) -> None:
+        """The collective and bytes columns of one row of a scanned piece, from its event decoded
+        alone (a struct or a dict): ``_rows_typed``'s and ``_rows``' branches for them."""
+        if type(e) is dict:
+            a = e.get("args")
+            name = e.get("name")
+            if type(a) is not dict:
+                return
+            if "Collective name" in a:
+                self._coll_args(row, a, kind, name)
+            elif on_gpu and kind is S.KERNEL:
+                if type(name) is str and name.startswith(_NCCL_PREFIXES):
+                    coll = coll_from_kernel(name)
+                    if coll is not None:
+                        self.coll_name[row] = coll
+            elif on_gpu and "bytes" in a:
+                self.nbytes[row] = a["bytes"]
+            return
+        a = e.args
+        name = e.name
+        if type(a) is not TraceArgs:
+            return
+        if a.collective_name is not UNSET:
+            self._coll_typed(row, a, kind, name)
+        elif on_gpu and kind is S.KERNEL:
+            if type(name) is str and name.startswith(_NCCL_PREFIXES):
+                coll = coll_from_kernel(name)
+                if coll is not None:
+                    self.coll_name[row] = coll
+        elif on_gpu and a.bytes is not UNSET:
+            self.nbytes[row] = a.bytes
 
     def _rows_typed(self, events: list[TraceEvent]) -> None:
         """``_rows`` over typed events: the same rows, the same fast-path shape (an ``X`` event with
@@ -629,9 +767,13 @@ def _as_text(value: Any) -> str | None:
 
 
 def _id_column(values: list, typ: pa.DataType, names: dict | None, what: str) -> pa.Array:
-    """Integer ids; numeric strings become ints, other strings a stable hash (named in ``names``)."""
+    """Integer ids; numeric strings become ints, other strings a stable hash (named in ``names``);
+    an integral float its int, another float null (``_as_id``). Arrow's conversion straight to
+    ``typ`` would truncate 1.5 to 1, so the fast path takes only what Arrow infers as integers."""
     try:
-        return pa.array(values, typ, memory_pool=POOL)
+        inferred = pa.array(values, memory_pool=POOL)
+        if pa.types.is_integer(inferred.type) or pa.types.is_null(inferred.type):
+            return inferred.cast(typ, memory_pool=POOL)  # a safe cast: out of range raises
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         pass
     lo, hi = (-(1 << 31), (1 << 31) - 1) if typ == pa.int32() else (-(1 << 63), INT63)

@@ -1,0 +1,191 @@
+"""Pieces of an event array read into columns by the compiled scanner (``jsonscan``).
+
+``decoder()`` gives the piece decoder ``TraceJSON.chunks`` calls: it returns a ``ScannedPiece``
+(columns, no Python object per event) where the scanner reads the piece exactly, and otherwise
+what ``typedjson.decode_piece`` returns for it, so a piece the scanner declines reads as before.
+``EventColumns`` turns a ScannedPiece into the same rows the per-event loop makes
+(``tests/test_jsonscan.py`` reads real and random traces both ways and compares everything).
+
+Without numba (the ``fast`` extra), or with ``PROFKIT_NO_JIT`` set, there is no decoder and the
+reader decodes with msgspec as before. Importing numba and loading the scanner costs ~0.5-1 s a
+process, so a file smaller than ``MIN_FILE_BYTES`` on disk is read the usual way unless the
+scanner is loaded already.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from profkit.ingest.typedjson import decode_piece
+
+NO_JIT_ENV = "PROFKIT_NO_JIT"  # set (any value): no compiled code, here as in the impact replay
+MIN_FILE_BYTES = 1 << 20  # on disk (gzip or not): below, the scanner's load costs more than it saves
+CHUNK_BYTES = 1 << 20  # JSON per scanned piece: a piece's fixed cost (~20 Arrow calls) stays small
+US_LIMIT = 4.0e15  # as traceevents.US_LIMIT: rows outside are dropped with a warning there, so defer
+
+# The scanner's output (``jsonscan.scan_piece``): its status, and one int64 column per field of a row
+# (in ``ints``) with flag bits for null ids and numbers left to Arrow's parse.
+OK, DEFER = 0, 1
+(C_CAT_S, C_CAT_E, C_NAME_S, C_NAME_E, C_TS_S, C_TS_E, C_DUR_S, C_DUR_E, C_PID, C_TID, C_CORR, C_DEV, C_STREAM,
+ C_EV_S, C_EV_E, C_FLAGS, N_INT_COLUMNS) = range(17)
+F_PID_NULL, F_TID_NULL, F_CORR_NULL, F_DEV_NULL, F_STREAM_NULL, F_TS_SLOW, F_DUR_SLOW, F_RARE = (
+    1, 2, 4, 8, 16, 32, 64, 128)
+# a collective arg of a RARE row (``jsonscan.ARG_KEYS[3:]``, in this order): its kind
+N_COLL_ARGS = 7
+A_COLL, A_BYTES, A_GROUP, A_SEQ, A_SEQNUM, A_NELEMS, A_DTYPE = range(N_COLL_ARGS)
+V_MISSING, V_NULL, V_STRING, V_INT, V_ODD = range(5)
+# the kinds each arg is read with here (text args: strings; the others: integers); a row with another
+# kind (a float, a bool, a list, an escaped string, a key given twice) has its event decoded alone
+_TEXT_ARGS = (A_COLL, A_GROUP, A_DTYPE)
+_INT_ARGS = (A_BYTES, A_SEQ, A_SEQNUM, A_NELEMS)
+
+
+@dataclass
+class CollArgs:
+    """The collective args (and ``bytes``) of a piece's RARE rows, as ``typedjson.TraceArgs`` holds
+    them: None where null or missing (``*_present`` tell the two apart where it matters)."""
+
+    rows: list[int]
+    coll_present: list[bool]
+    coll: list[str | None]
+    bytes_present: list[bool]
+    nbytes: list[int | None]
+    group: list[str | None]
+    seq: list[int | None]  # ``Seq``, else ``Sequence number``
+    nelems: list[int | None]
+    dtype: list[str | None]
+
+
+@dataclass
+class ScannedPiece:
+    """The rows (``X`` events, in order) of one piece, as arrays; flows only counted."""
+
+    rows: int
+    flows: int
+    cats: pa.StringArray
+    names: pa.StringArray
+    start_us: np.ndarray
+    dur_us: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    correlation: np.ndarray
+    device: np.ndarray
+    stream: np.ndarray
+    flags: np.ndarray  # jsonscan.F_* bits
+    colls: CollArgs  # rows whose args hold "Collective name" or "bytes"
+    odd_rows: np.ndarray  # such rows with an arg of another kind
+    odd_events: list  # their events, decoded alone by ``decode_piece`` (structs or dicts)
+
+
+def _loaded() -> bool:
+    return "profkit.ingest.jsonscan" in sys.modules
+
+
+def decoder(size_bytes: int | None = None) -> Callable[[Any], Any] | None:
+    """The scanning decoder, or None (no numba, ``PROFKIT_NO_JIT``, or a small file while the
+    scanner is not loaded yet)."""
+    if os.environ.get(NO_JIT_ENV):
+        return None
+    if size_bytes is not None and size_bytes < MIN_FILE_BYTES and not _loaded():
+        return None
+    try:
+        from profkit.ingest import jsonscan  # noqa: F401
+    except ImportError:
+        return None
+    return decode
+
+
+def _strings(b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.StringArray:
+    """The spans as an Arrow string array; raises ArrowInvalid if one is not UTF-8."""
+    from profkit.ingest.jsonscan import gather
+
+    data, offsets = gather(b, starts, ends)
+    out = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets), pa.py_buffer(data))
+    out.validate(full=True)
+    return out
+
+
+def _outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
+    """The scanner's output arrays, reused piece after piece in a thread (fresh ones for each
+    piece cost a page fault per 4 KB written)."""
+    from profkit.ingest import jsonscan
+
+    held = getattr(_HELD, "outputs", None)
+    if held is None or held[0].shape[1] < n_bytes // 40 + 1:
+        held = _HELD.outputs = jsonscan.new_outputs(max(n_bytes, 2 * CHUNK_BYTES))
+    return held
+
+
+_HELD = threading.local()
+
+
+def decode(view: Any) -> Any:
+    """A piece (``[`` ... ``]``, as ``TraceJSON.chunks`` hands it): a ScannedPiece, or what
+    ``decode_piece`` makes of it where the scanner declines."""
+    from profkit.ingest.jsonscan import scan_piece
+
+    b = np.frombuffer(view, np.uint8)
+    hi = len(b) - 1
+    if hi < 1:
+        return decode_piece(view)
+    ints, floats, rare, scratch, stack = _outputs(hi)
+    status, rows, flows, n_rare = scan_piece(b, 1, hi, ints, floats, rare, scratch, stack)
+    if status != OK:
+        return decode_piece(view)
+    ints = ints[:, :rows]
+    flags = ints[C_FLAGS].copy()
+    start_us, dur_us = floats[0, :rows].copy(), floats[1, :rows].copy()
+    try:
+        cats = _strings(b, ints[C_CAT_S], ints[C_CAT_E])
+        names = _strings(b, ints[C_NAME_S], ints[C_NAME_E])
+        for values, bit, s, e in ((start_us, F_TS_SLOW, C_TS_S, C_TS_E), (dur_us, F_DUR_SLOW, C_DUR_S, C_DUR_E)):
+            slow = np.flatnonzero(flags & bit)
+            if slow.size:  # correctly rounded, as msgspec and orjson parse them
+                values[slow] = pc.cast(_strings(b, ints[s, slow], ints[e, slow]), pa.float64()).to_numpy()
+        with np.errstate(invalid="ignore"):
+            if not bool(((np.abs(start_us) < US_LIMIT) & (dur_us >= 0) & (dur_us < US_LIMIT)).all()):
+                return decode_piece(view)  # rows to drop: the per-event path counts and names them
+        colls, odd_rows = _coll_args(b, rare[:, :n_rare])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a string that is not UTF-8, a number Arrow rejects
+        return decode_piece(view)
+    odd_events: list = []
+    if odd_rows.size:
+        starts, ends = ints[C_EV_S, odd_rows], ints[C_EV_E, odd_rows]
+        odd_events = decode_piece(b"[" + b",".join(b[s:e].tobytes() for s, e in zip(starts, ends)) + b"]") or []
+        if len(odd_events) != odd_rows.size:
+            return decode_piece(view)
+    return ScannedPiece(rows, flows, cats, names, start_us, dur_us, ints[C_PID].copy(), ints[C_TID].copy(),
+                        ints[C_CORR].copy(), ints[C_DEV].copy(), ints[C_STREAM].copy(), flags, colls, odd_rows,
+                        odd_events)
+
+
+def _coll_args(b: np.ndarray, rare: np.ndarray) -> tuple[CollArgs, np.ndarray]:
+    """(the RARE rows read here, the rows whose events are decoded alone) from the scanner's table."""
+    kinds, first, second = rare[1::3], rare[2::3], rare[3::3]  # (N_COLL_ARGS x rare rows) each
+    odd = (kinds == V_ODD).any(axis=0)
+    odd |= (kinds[list(_TEXT_ARGS)] == V_INT).any(axis=0) | (kinds[list(_INT_ARGS)] == V_STRING).any(axis=0)
+    keep = ~odd
+    kinds, first, second = kinds[:, keep], first[:, keep], second[:, keep]
+
+    def text(slot: int) -> list[str | None]:
+        is_text = kinds[slot] == V_STRING
+        if not is_text.any():
+            return [None] * int(keep.sum())
+        values = _strings(b, np.where(is_text, first[slot], 0), np.where(is_text, second[slot], 0)).to_pylist()
+        return [v if t else None for v, t in zip(values, is_text.tolist())]
+
+    def integer(slot: int) -> list[int | None]:
+        return [v if k == V_INT else None for v, k in zip(first[slot].tolist(), kinds[slot].tolist())]
+
+    seq = [a if a is not None else c for a, c in zip(integer(A_SEQ), integer(A_SEQNUM))]
+    colls = CollArgs(rare[0, keep].tolist(), (kinds[A_COLL] != V_MISSING).tolist(), text(A_COLL),
+                     (kinds[A_BYTES] != V_MISSING).tolist(), integer(A_BYTES), text(A_GROUP), seq,
+                     integer(A_NELEMS), text(A_DTYPE))
+    return colls, rare[0, odd]

@@ -1,0 +1,214 @@
+"""The compiled scanner (``jsonscan``, read through ``scanned``) against the typed reader.
+
+``test_typedjson`` reads real and random traces all three ways; here the random events are of
+the shapes the scanner takes (so most pieces are scanned, not declined), written the ways
+writers write them: number literals of every form (exponents, 17+ digits, negative zero, big
+integers), compact and indented JSON, raw UTF-8 and escapes, collective args of every kind,
+unknown keys with nested values. And pieces it must decline: broken JSON, duplicate keys,
+escaped keys, too deep nesting.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from profkit.ingest import jsonio, scanned  # noqa: E402
+from profkit.ingest.kineto import read_kineto  # noqa: E402
+from profkit.ingest.typedjson import decode_piece  # noqa: E402
+
+from test_typedjson import assert_same  # noqa: E402
+
+
+def read_scanned_and_typed(path: Path, monkeypatch, chunk: int) -> tuple:
+    """(scanned, typed) reads of one file with pieces of ``chunk`` bytes, and how many pieces the
+    scanner read (not declined)."""
+    count = {"scanned": 0, "declined": 0}
+    scan = scanned.decode
+
+    def counting(data):
+        out = scan(data)
+        count["scanned" if type(out) is scanned.ScannedPiece else "declined"] += 1
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(jsonio, "CHUNK_BYTES", chunk)
+        m.setattr(scanned, "CHUNK_BYTES", chunk)
+        m.setattr(scanned, "MIN_FILE_BYTES", 0)
+        m.setattr(scanned, "decode", counting)
+        [native] = read_kineto(path)
+        m.setenv(scanned.NO_JIT_ENV, "1")
+        [typed] = read_kineto(path)
+    return native, typed, count
+
+
+def _number(rng: random.Random, big: float = 1.0) -> str:
+    """A JSON number literal as writers write them (``big``: the odds of a 19-digit integer, which
+    as a time is out of range: its row is dropped, so its piece is declined)."""
+    form = rng.randrange(9) if rng.random() < big else rng.randrange(8)
+    if form == 0:
+        return str(rng.randrange(0, 10**7))
+    if form == 1:  # Kineto's relative µs with ns decimals
+        return f"{rng.uniform(0, 1e10):.3f}"
+    if form == 2:  # epoch µs with decimals: 19+ digits, past the exact fast path
+        return f"{rng.randrange(1_600_000_000_000_000, 1_800_000_000_000_000)}.{rng.randrange(1000):03d}"
+    if form == 3:
+        return repr(rng.uniform(0, 1e4))  # shortest repr: up to 17 digits
+    if form == 4:
+        return f"{rng.uniform(0, 9):.{rng.randrange(1, 25)}f}"  # long fractions
+    if form == 5:
+        return f"{rng.randrange(1, 10**6)}e{rng.randrange(-30, 5)}"
+    if form == 6:
+        return f"{rng.uniform(1, 9):.6f}E+{rng.randrange(0, 4)}"
+    if form == 7:
+        return rng.choice(["0", "0.0", "-0.0", "-0", "1e0", "0.5e-3", "3999999999999999", "1234567890123.4567", "1.7976931348623157e-5"])
+    return rng.choice([str(rng.randrange(0, 2**63)), "123456789012345678", "9007199254740993"])  # big integers
+
+
+_NAMES = ["aten::mm", "ncclDevKernel_AllGather_RING_LL", "rcclKernel_Generic", "ncclKernel_AllReduce_RING_LL_Sum_float",
+          "gemm", "núcleo_∑", "名前", "void at::native::k<float, 4>()"]
+_ESCAPED = ['quote"d', "back\\slash", "tab\there"]  # names the scanner declines
+_CATS = ["kernel", "cuda_runtime", "cpu_op", "user_annotation", "gpu_memcpy", "gpu_memset", "python_function",
+         "gpu_user_annotation", "cuda_driver", "ac2g", "weird"]
+
+
+def _value(rng: random.Random, kinds: str) -> object:
+    """A random arg value: i int, n null, s string, o odd (float, bool, list, nested object)."""
+    k = rng.choice(kinds)
+    if k == "i":
+        return rng.choice([0, 3, 7, 12, 2**40, -1])
+    if k == "n":
+        return None
+    if k == "s":
+        return rng.choice(["allreduce", "_allgather_base", "all_to_all", "Float", "c10::BFloat16", "0", "12", "x"])
+    return rng.choice([1.5, True, [1, 2], {"a": [1, {"b": None}]}, "esc\\u00e9"])
+
+
+def _event(rng: random.Random) -> str:
+    """One event's JSON text (numbers as raw literals)."""
+    if rng.random() < 0.25:
+        return json.dumps({"ph": rng.choice("stf"), "id": rng.randrange(100), "pid": 1, "tid": 2, "ts": 1.0,
+                           "cat": "ac2g", "name": "", "bp": "e"})
+    name = rng.choice(_ESCAPED if rng.random() < 0.002 else _NAMES)
+    fields = {"ph": '"X"', "cat": json.dumps(rng.choice(_CATS)),
+              "name": json.dumps(name, ensure_ascii=rng.random() < 0.002),
+              "ts": _number(rng, 0.005), "dur": _number(rng, 0.005)}
+    for key in ("pid", "tid"):
+        r = rng.random()
+        if r < 0.8:
+            fields[key] = str(rng.randrange(0, 5000))
+        elif r < 0.9:
+            fields[key] = "null"
+    if rng.random() < 0.95:
+        args: dict = {}
+        for key in ("device", "stream", "correlation"):
+            if rng.random() < 0.7:
+                args[key] = rng.choice([0, 1, 7, 2**31 + 5, None, -3])
+        if rng.random() < 0.2:
+            args["Collective name"] = _value(rng, "ssssnio")
+            for key in ("Process Group Name", "dtype"):
+                if rng.random() < 0.8:
+                    args[key] = _value(rng, "sssssnio")
+            for key in ("Seq", "Sequence number", "In msg nelems"):
+                if rng.random() < 0.7:
+                    args[key] = _value(rng, "iiiiinso")
+        if rng.random() < 0.1:
+            args["bytes"] = _value(rng, "iiiiinso")
+        if rng.random() < 0.5:
+            args["Input Dims"] = [[rng.randrange(9), 4], [], [[1.5e3, -2]]]
+            args["Input type"] = ["float", "", "Scalar"]
+        fields["args"] = json.dumps(args, ensure_ascii=rng.random() < 0.5)
+    if rng.random() < 0.3:
+        fields["extra"] = json.dumps({"nested": [True, False, None, {"deep": "x"}], "s": "a,b}{"})
+    items = list(fields.items())
+    rng.shuffle(items)
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in items) + "}"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_events_of_the_scanned_shapes_read_as_typed(tmp_path, monkeypatch, seed):
+    """Random events (see ``_event``), compact or indented, cut into pieces of 2 KiB .. 1 MiB."""
+    rng = random.Random(seed)
+    events = [_event(rng) for _ in range(3000)]
+    sep = rng.choice([",", ",\n  ", " , "])
+    meta = '{"name": "process_labels", "ph": "M", "pid": 7, "tid": 0, "args": {"labels": "CPU"}}'
+    text = '{"schemaVersion": 1, "traceEvents": [' + sep.join([meta, *events]) + '], "baseTimeNanoseconds": 1700000000000000000}'
+    path = tmp_path / "random.json"
+    path.write_text(text, encoding="utf-8")
+    for chunk in (2 << 10, 64 << 10, 1 << 20):
+        native, typed, count = read_scanned_and_typed(path, monkeypatch, chunk)
+        assert_same(native, typed)
+        if chunk == 2 << 10:  # ~8 events a piece: the few escaped names and out-of-range times decline some
+            assert count["scanned"] >= 5 * count["declined"], count
+    assert native.table.num_rows > 2000
+    assert native.table["coll_name"].null_count < native.table.num_rows
+
+
+def _piece(events: list[str]) -> bytearray:
+    return bytearray(("[" + ", ".join(events) + "]").encode())
+
+
+ROW = '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "pid": 0, "tid": 7, "args": {"device": 0}}'
+
+
+@pytest.mark.parametrize("text", [
+    '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "ts": 3}',  # a key given twice
+    '{"ph": "X", "cat": "kernel", "name": "k", "\\u0074s": 1.5, "dur": 2}',  # an escaped key
+    '{"ph": "X", "cat": "kernel", "name": "k\\"q", "ts": 1.5, "dur": 2}',  # an escaped name
+    '{"ph": "i", "cat": "cpu_instant_event", "name": "k", "ts": 1.5}',  # another phase
+    '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5}',  # no dur
+    '{"ph": "X", "cat": "kernel", "name": "k", "ts": "1.5", "dur": 2}',  # ts a string
+    '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": -2}',  # a row the reader drops
+    '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "pid": 1.0}',  # a float id
+    '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "args": null}',
+    '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "x": ' + "[" * 70 + "]" * 70 + "}",  # deep
+])
+def test_pieces_the_scanner_declines_decode_as_before(text):
+    data = _piece([ROW, text])
+    assert type(scanned.decode(memoryview(data))) is not scanned.ScannedPiece
+    assert scanned.decode(memoryview(data)) == decode_piece(memoryview(data))
+
+
+@pytest.mark.parametrize("text", [
+    ROW[:-1],  # cut inside an event (a wrong cut)
+    ROW.replace('"k"', '"k'),  # an open string
+    ROW.replace("1.5", "1."),  # a number without digits after its point
+    ROW.replace("1.5", "01"),  # a leading zero
+    ROW.replace('"dur": 2', '"dur": 2,'),  # a trailing comma
+    ROW.replace('"k"', '"k\x01"'),  # a control byte in a string
+    ROW.replace("0}", "0]"),  # brackets that do not match
+    ROW.replace("null", "nul").replace('"device": 0', '"device": nul'),
+])
+def test_broken_json_is_not_scanned(text):
+    """A cut in the wrong place (or a broken file) must not read as events: the scanner declines
+    and the typed decoder says None, as before."""
+    data = _piece([ROW, text])
+    assert scanned.decode(memoryview(data)) is None
+
+
+def test_numbers_parse_exactly():
+    """ts of every literal form: the scanner's floats equal Python's (correctly rounded) ones."""
+    rng = random.Random(7)
+    literals = [_number(rng) for _ in range(4000)] + ["1e-400", "0.1", "0.30000000000000004", "1e14", "1e-23",
+                                                      "4503599627370497.5", "9007199254740992.0", "3.99e15"]
+    literals = [lit for lit in literals if abs(float(lit)) < 4e15]  # rows beyond are dropped (declined here)
+    events = [ROW.replace("1.5", lit) for lit in literals]
+    piece = scanned.decode(memoryview(_piece(events)))
+    assert type(piece) is scanned.ScannedPiece
+    # as a JSON decoder reads them: an integer literal is an int ("-0" is 0), then a float
+    expected = np.array([float(int(lit)) if lit.lstrip("-").isdigit() else float(lit) for lit in literals])
+    assert np.array_equal(piece.start_us.view(np.int64), expected.view(np.int64))  # bit for bit (-0.0 too)
+
+
+def test_scanner_is_used_for_large_files_only_until_loaded(monkeypatch, tmp_path):
+    """Below ``MIN_FILE_BYTES`` the scanner is not loaded for a file (loading numba costs more than
+    it saves); once loaded, it reads every file; ``PROFKIT_NO_JIT`` switches it off."""
+    assert scanned.decoder(scanned.MIN_FILE_BYTES) is scanned.decode
+    assert scanned.decoder(10) is scanned.decode  # loaded by the line above
+    monkeypatch.setenv(scanned.NO_JIT_ENV, "1")
+    assert scanned.decoder(scanned.MIN_FILE_BYTES) is None
