@@ -5,7 +5,9 @@ line naming the file and the problem) and everything readable is still loaded.
 """
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -15,7 +17,7 @@ import pyarrow as pa
 
 from profkit import schema
 from profkit.errors import DuplicateRankError, TraceError
-from profkit.ingest import cache
+from profkit.ingest import cache, scanned
 from profkit.ingest.base import RankPart
 from profkit.ingest.readers import TRACE_SUFFIXES, read_parts, sniff  # noqa: F401 - loader.sniff too
 
@@ -160,20 +162,53 @@ def load(
 
     manifest = manifest_facts(files)
     loaded: list[RankPart] = []
-    for path in files:
-        if progress:
-            progress(f"reading {path}")
-        try:
-            loaded.extend(read_file(path, rank_map.pids_for_file(path) or None))
-        except TraceError as exc:
-            skipped.append(str(exc))
-        except MemoryError:
-            skipped.append(f"{path}: out of memory while reading")
+    for got in _read_all(files, rank_map, progress):
+        if isinstance(got, str):
+            skipped.append(got)
+        else:
+            loaded.extend(got)
     unranked: list[dict] = []
     kept, warnings = resolve_ranks(loaded, rank_map, skipped, manifest, unranked)
     capture = _assemble(kept, skipped, warnings)
     capture.unranked = unranked
     return capture
+
+
+def _read_all(files: list[Path], rank_map: RankMap,
+              progress: Callable[[str], None] | None) -> list[list[RankPart] | str]:
+    """Each file's parts, or the line saying why it was skipped, in file order. Read on threads
+    (one per core) when two or more files are large enough for the compiled scanner, which
+    releases the GIL while it scans; msgspec's decoding holds it, so other reads stay serial."""
+
+    def one(path: Path) -> list[RankPart] | str:
+        if progress:
+            progress(f"reading {path}")
+        try:
+            return read_file(path, rank_map.pids_for_file(path) or None)
+        except TraceError as exc:
+            return str(exc)
+        except MemoryError:
+            return f"{path}: out of memory while reading"
+
+    threads = min(len(files), os.cpu_count() or 1, MAX_READ_THREADS)
+    if threads > 1:
+        large = sum(1 for path in files if _size(path) >= scanned.MIN_FILE_BYTES)
+        if large < 2 or scanned.decoder() is None:
+            threads = 1
+    if threads <= 1:
+        return [one(path) for path in files]
+    with ThreadPoolExecutor(threads, thread_name_prefix="profkit-read") as pool:
+        return list(pool.map(one, files))
+
+
+MAX_READ_THREADS = 8
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 UNRANKED_ROLES = ("frontend", "coordinator")  # vLLM's API server / offline front end, DP coordinator

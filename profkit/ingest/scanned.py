@@ -7,9 +7,12 @@ what ``typedjson.decode_piece`` returns for it, so a piece the scanner declines 
 (``tests/test_jsonscan.py`` reads real and random traces both ways and compares everything).
 
 Without numba (the ``fast`` extra), or with ``PROFKIT_NO_JIT`` set, there is no decoder and the
-reader decodes with msgspec as before. Importing numba and loading the scanner costs ~0.5-1 s a
-process, so a file smaller than ``MIN_FILE_BYTES`` on disk is read the usual way unless the
-scanner is loaded already.
+reader decodes with msgspec as before. Importing numba and loading the compiled scanner costs a
+process ~0.4 s and ~100 MB of RSS (LLVM; measured here), and the scanner saves ~30% of a read's
+CPU (~0.3 s per 100 MB of JSON), so it is loaded for a file of ``MIN_FILE_BYTES`` or more on disk
+(~100 MB of JSON gzipped) and then reads every file of that process. Smaller captures keep their
+memory (a DEP256 x 200 rank file is 3.4 MB, the HTA trace of ``benchmarks/ingest.py`` 1.4 MB).
+The first use on a machine compiles it (~10 s, cached beside the module by numba).
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ import pyarrow.compute as pc
 from profkit.ingest.typedjson import decode_piece
 
 NO_JIT_ENV = "PROFKIT_NO_JIT"  # set (any value): no compiled code, here as in the impact replay
-MIN_FILE_BYTES = 1 << 20  # on disk (gzip or not): below, the scanner's load costs more than it saves
-CHUNK_BYTES = 1 << 20  # JSON per scanned piece: a piece's fixed cost (~20 Arrow calls) stays small
+MIN_FILE_BYTES = 8 << 20  # on disk (gzip or not): see the module docstring
+CHUNK_BYTES = 2 << 20  # JSON per scanned piece: its fixed cost (~30 numpy and Arrow calls) stays small
 US_LIMIT = 4.0e15  # as traceevents.US_LIMIT: rows outside are dropped with a warning there, so defer
 
 # The scanner's output (``jsonscan.scan_piece``): its status, and one int64 column per field of a row
