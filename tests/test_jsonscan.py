@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 pytest.importorskip("numba")
@@ -210,5 +211,48 @@ def test_scanner_is_used_for_large_files_only_until_loaded(monkeypatch, tmp_path
     it saves); once loaded, it reads every file; ``PROFKIT_NO_JIT`` switches it off."""
     assert scanned.decoder(scanned.MIN_FILE_BYTES) is scanned.decode
     assert scanned.decoder(10) is scanned.decode  # loaded by the line above
+    monkeypatch.setenv(scanned.MIN_BYTES_ENV, "1e3")
+    assert scanned.min_file_bytes() == 1000
+    monkeypatch.setenv(scanned.MIN_BYTES_ENV, "many")  # not a number: the default
+    assert scanned.min_file_bytes() == scanned.MIN_FILE_BYTES
+    assert scanned.available()
     monkeypatch.setenv(scanned.NO_JIT_ENV, "1")
-    assert scanned.decoder(scanned.MIN_FILE_BYTES) is None
+    assert scanned.decoder(scanned.MIN_FILE_BYTES) is None and not scanned.available()
+
+
+def test_load_reads_large_files_on_threads_with_the_same_result(shared_traces, tmp_path, monkeypatch):
+    """``profkit.load`` reads two or more files the scanner takes on threads: the same events,
+    parts, warnings and skipped lines (in file order, a broken file among them) as one at a time."""
+    import gzip
+    import shutil
+
+    from profkit.ingest import loader
+
+    src = shared_traces / "hta/negative_queue_length_rank0.json.gz"
+    for i in range(3):
+        shutil.copy(src, tmp_path / f"rank{i}.json.gz")
+    (tmp_path / "rank3.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "ts": '))  # cut off
+    monkeypatch.setenv("PROFKIT_CACHE", "0")
+    monkeypatch.setenv(scanned.MIN_BYTES_ENV, "0")
+    threads: list[str] = []
+    one = loader.read_file
+
+    def read_file(path, pid_to_rank=None):
+        import threading
+
+        threads.append(threading.current_thread().name)
+        return one(path, pid_to_rank)
+
+    monkeypatch.setattr(loader, "read_file", read_file)
+    ranks = {f"rank{i}.json.gz": i for i in range(3)}
+    together = loader.load(tmp_path, rank_map=ranks)
+    assert any(name.startswith("profkit-read") for name in threads)
+    monkeypatch.setattr(loader, "MAX_READ_THREADS", 1)
+    threads.clear()
+    alone = loader.load(tmp_path, rank_map=ranks)
+    assert not any(name.startswith("profkit-read") for name in threads)
+    pd.testing.assert_frame_equal(together.events, alone.events)
+    pd.testing.assert_frame_equal(together.parts, alone.parts)
+    assert together.skipped == alone.skipped and len(alone.skipped) == 1 and "rank3.json.gz" in alone.skipped[0]
+    assert together.warnings == alone.warnings
+    assert sorted(together.ranks) == [0, 1, 2]

@@ -192,8 +192,8 @@ def _read_all(files: list[Path], rank_map: RankMap,
 
     threads = min(len(files), os.cpu_count() or 1, MAX_READ_THREADS)
     if threads > 1:
-        large = sum(1 for path in files if _size(path) >= scanned.MIN_FILE_BYTES)
-        if large < 2 or scanned.decoder() is None:
+        large = sum(1 for path in files if _size(path) >= scanned.min_file_bytes())
+        if large < 2 or not scanned.available():
             threads = 1
     if threads <= 1:
         return [one(path) for path in files]

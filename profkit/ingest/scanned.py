@@ -16,6 +16,7 @@ The first use on a machine compiles it (~10 s, cached beside the module by numba
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -30,6 +31,7 @@ from profkit.ingest.typedjson import decode_piece
 
 NO_JIT_ENV = "PROFKIT_NO_JIT"  # set (any value): no compiled code, here as in the impact replay
 MIN_FILE_BYTES = 8 << 20  # on disk (gzip or not): see the module docstring
+MIN_BYTES_ENV = "PROFKIT_SCAN_MIN_BYTES"  # overrides MIN_FILE_BYTES
 CHUNK_BYTES = 2 << 20  # JSON per scanned piece: its fixed cost (~30 numpy and Arrow calls) stays small
 US_LIMIT = 4.0e15  # as traceevents.US_LIMIT: rows outside are dropped with a warning there, so defer
 
@@ -87,8 +89,26 @@ class ScannedPiece:
     odd_events: list  # their events, decoded alone by ``decode_piece`` (structs or dicts)
 
 
+def min_file_bytes() -> int:
+    """``MIN_FILE_BYTES``, or the ``PROFKIT_SCAN_MIN_BYTES`` environment variable's value (0: the
+    scanner for every file, when many middling files are read in one process)."""
+    value = os.environ.get(MIN_BYTES_ENV, "").strip()
+    if value:
+        try:
+            return max(0, int(float(value)))
+        except ValueError:
+            pass
+    return MIN_FILE_BYTES
+
+
 def _loaded() -> bool:
     return "profkit.ingest.jsonscan" in sys.modules
+
+
+def available() -> bool:
+    """Whether the scanner can be used (numba installed, ``PROFKIT_NO_JIT`` unset), without
+    importing numba (a read from the parsed-trace cache never needs it)."""
+    return not os.environ.get(NO_JIT_ENV) and importlib.util.find_spec("numba") is not None
 
 
 def decoder(size_bytes: int | None = None) -> Callable[[Any], Any] | None:
@@ -96,7 +116,7 @@ def decoder(size_bytes: int | None = None) -> Callable[[Any], Any] | None:
     scanner is not loaded yet)."""
     if os.environ.get(NO_JIT_ENV):
         return None
-    if size_bytes is not None and size_bytes < MIN_FILE_BYTES and not _loaded():
+    if size_bytes is not None and size_bytes < min_file_bytes() and not _loaded():
         return None
     try:
         from profkit.ingest import jsonscan  # noqa: F401
