@@ -14,10 +14,15 @@ object whose ``ph`` is ``X`` (a row) or a flow (``s``/``t``/``f``, only counted)
 ``cat`` and ``name`` strings without escapes, ``ts`` and ``dur`` numbers, ``pid``/``tid`` and the
 three id args integers of at most 18 digits or null, ``args`` an object (or missing), and no
 key given twice or written with escapes. A row whose args hold ``Collective name`` or ``bytes``
-is marked ``RARE``: the caller decodes those few events with the typed decoder for their
-collective columns. Numbers: integers are exact; a decimal is exact here when its digits fit
+is marked ``RARE`` and its collective args (``ARG_KEYS[3:]``) are kept with their kind (string,
+integer, null, missing, or odd); the caller decodes only the events with an odd one alone, with
+the typed decoder. Numbers: integers are exact; a decimal is exact here when its digits fit
 2**53 and its power of ten is at most 22 (one correctly rounded division, as every correct
 parser gives); others are flagged for the caller's correctly rounded parse (Arrow's).
+
+Speed: every function is compiled with ``_nrt=False`` (no reference counting: the caller
+allocates every array) and the small helpers are inlined; a call passing arrays with numba's
+reference counting cost about as much as the scanning itself. ~0.7 GB/s of compact JSON here.
 """
 from __future__ import annotations
 

@@ -90,6 +90,8 @@ def read_trace_json(path: str | Path, source: str, cat_spec: Callable[[str | Non
         raise TraceError(path, "JSON nested too deeply") from None
     except Exception as exc:  # a reader bug must still name the file, not kill the batch
         raise TraceError(path, f"unreadable trace ({type(exc).__name__}: {exc})") from exc
+    finally:
+        scanned.release()
 
 
 def _piece_decoder(path: str | Path) -> tuple[Callable[[Any], Any], int | None]:

@@ -149,6 +149,11 @@ def _outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
 _HELD = threading.local()
 
 
+def release() -> None:
+    """Drop this thread's output arrays (tens of MB) once a file is read."""
+    _HELD.outputs = None
+
+
 def decode(view: Any) -> Any:
     """A piece (``[`` ... ``]``, as ``TraceJSON.chunks`` hands it): a ScannedPiece, or what
     ``decode_piece`` makes of it where the scanner declines."""
