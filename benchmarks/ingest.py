@@ -304,8 +304,9 @@ Notes:
   not launched inside kept steps) -> fewer "events loaded" than it parsed. It also drops
   rows without dur/cat (flows, metadata, instants) and cat == "Trace". profkit keeps every
   complete and instant event (flows are counted and dropped, metadata events go to meta) in
-  one Arrow-backed DataFrame, parsing one file at a time in one process. Both parse every
-  event of every file.
+  one Arrow-backed DataFrame, in one process: one file at a time with msgspec, or on threads
+  where its compiled scanner reads the files (8 MB and more on disk, or --scan-min-bytes). Both
+  parse every event of every file.
 - Peak RSS (tree) sums RSS over the worker and its children every 20 ms; for HTA's forked
   workers that counts copy-on-write pages shared with the parent once per process. Peak PSS
   (tree, every 100 ms) counts them once; it may miss short spikes. ru_maxrss children is
@@ -320,6 +321,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool and input; the median is reported")
     ap.add_argument("--copies", type=int, default=8, help="ranks made from the large trace")
     ap.add_argument("--json", type=Path, help="also write every run's raw numbers here")
+    ap.add_argument("--scan-min-bytes", type=int, metavar="N",
+                    help="profkit: read files of N bytes and more (on disk) with the compiled scanner, on threads "
+                         "(PROFKIT_SCAN_MIN_BYTES; default: profkit's own threshold, 8 MB)")
     ap.add_argument("--worker", choices=("profkit", "hta"), help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--rank-map", help=argparse.SUPPRESS)
@@ -372,9 +376,10 @@ def main() -> None:
                         pass
 
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("PROFKIT_")}
+        scan = {} if args.scan_min_bytes is None else {"PROFKIT_SCAN_MIN_BYTES": str(args.scan_min_bytes)}
         envs = {
-            "profkit": {**base_env, "PROFKIT_CACHE": "0"},
-            "profkit (warm cache)": {**base_env, "PROFKIT_CACHE": "1", "PROFKIT_CACHE_DIR": str(tmp / "cache")},
+            "profkit": {**base_env, **scan, "PROFKIT_CACHE": "0"},
+            "profkit (warm cache)": {**base_env, **scan, "PROFKIT_CACHE": "1", "PROFKIT_CACHE_DIR": str(tmp / "cache")},
             "HTA 0.5.0": base_env,
         }
         worker_of = {"profkit": "profkit", "profkit (warm cache)": "profkit", "HTA 0.5.0": "hta"}

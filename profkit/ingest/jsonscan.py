@@ -587,11 +587,19 @@ def gather(b, starts, ends):  # pragma: no cover - compiled
     return out, offsets
 
 
+ROW_BYTES = 96  # the least JSON per row the output arrays make room for (``new_outputs``)
+
+
+def rows_for(n_bytes: int) -> int:
+    return n_bytes // ROW_BYTES + 1
+
+
 def new_outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
-    """Output arrays for a piece of ``n_bytes`` (a row event takes at least 40 bytes) and the
-    scanner's scratch space: allocated here, the compiled code runs without numba's reference
-    counting (``_nrt=False``: no allocation inside)."""
-    cap = n_bytes // 40 + 1
+    """Output arrays for a piece of ``n_bytes`` and the scanner's scratch space: allocated here,
+    the compiled code runs without numba's reference counting (``_nrt=False``: no allocation
+    inside). Room for a row per ``ROW_BYTES``: a piece with denser rows is declined (decoded by
+    msgspec), which real traces never have (Kineto's complete events take 150-300 bytes)."""
+    cap = rows_for(n_bytes)
     return (np.empty((N_INT_COLUMNS, cap), np.int64), np.empty((2, cap), np.float64),
             np.empty((1 + 3 * N_COLL_ARGS, cap), np.int64), np.empty((3, N_COLL_ARGS), np.int64),
             np.empty(MAX_DEPTH, np.uint8))

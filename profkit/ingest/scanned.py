@@ -141,7 +141,7 @@ def _outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
     from profkit.ingest import jsonscan
 
     held = getattr(_HELD, "outputs", None)
-    if held is None or held[0].shape[1] < n_bytes // 40 + 1:
+    if held is None or held[0].shape[1] < jsonscan.rows_for(n_bytes):
         held = _HELD.outputs = jsonscan.new_outputs(max(n_bytes, 2 * CHUNK_BYTES))
     return held
 
