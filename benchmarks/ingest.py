@@ -158,7 +158,11 @@ def worker(tool: str, trace_dir: str, rank_map: dict[str, int] | None) -> dict:
         load_s = time.perf_counter() - t1
         ranks = cap.ranks
         events = len(cap.events)
-        extra = {"skipped": cap.skipped, "warnings": len(cap.warnings)}
+        from profkit.ingest import scanned
+
+        reader = "scanner, " + ("numba JIT" if "numba" in sys.modules else "built ahead of time") \
+            if scanned._loaded() else "msgspec"
+        extra = {"skipped": cap.skipped, "warnings": len(cap.warnings), "reader": reader}
     cpu1 = os.times()
     sampler.stop()
     return {
@@ -322,8 +326,11 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=8, help="ranks made from the large trace")
     ap.add_argument("--json", type=Path, help="also write every run's raw numbers here")
     ap.add_argument("--scan-min-bytes", type=int, metavar="N",
-                    help="profkit: read files of N bytes and more (on disk) with the compiled scanner, on threads "
+                    help="profkit: read files of N bytes and more (on disk) on threads "
                          "(PROFKIT_SCAN_MIN_BYTES; default: profkit's own threshold, 8 MB)")
+    ap.add_argument("--no-build", action="store_true",
+                    help="do not build profkit's compiled scanner first (a machine that never read a large "
+                         "trace: profkit decodes with msgspec)")
     ap.add_argument("--worker", choices=("profkit", "hta"), help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--rank-map", help=argparse.SUPPRESS)
@@ -375,6 +382,9 @@ def main() -> None:
                     while fh.read(1 << 20):
                         pass
 
+        if not args.no_build:  # once per machine, as profkit does on its first large trace: not measured
+            subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                            "from profkit.ingest import scanbuild; scanbuild.build()", str(REPO)], check=False)
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("PROFKIT_")}
         scan = {} if args.scan_min_bytes is None else {"PROFKIT_SCAN_MIN_BYTES": str(args.scan_min_bytes)}
         envs = {
@@ -390,7 +400,8 @@ def main() -> None:
                 for tool in TOOLS:
                     r = run_worker(worker_of[tool], d, rank_map, envs[tool])
                     print(f"  {label} | {tool} | run {rep + 1}: load {r['load_s']:.2f} s, peak RSS "
-                          f"{r['peak_rss_mb']:.0f} MB, {r['events']:,} events, ranks {r['ranks']}", file=sys.stderr)
+                          f"{r['peak_rss_mb']:.0f} MB, {r['events']:,} events, ranks {r['ranks']}"
+                          + (f", reader: {r['reader']}" if r.get("reader") else ""), file=sys.stderr)
                     results[label][tool].append(r)
             want = sorted((rank_map or {}).values()) or None
             for tool in TOOLS:

@@ -33,9 +33,7 @@ from profkit.ingest.scanned import (C_CAT_E, C_CAT_S, C_CORR, C_DEV, C_DUR_E, C_
                                     C_NAME_E, C_NAME_S, C_PID, C_STREAM, C_TID, C_TS_E, C_TS_S, DEFER,
                                     F_CORR_NULL, F_DEV_NULL, F_DUR_SLOW, F_PID_NULL, F_RARE, F_STREAM_NULL,
                                     F_TID_NULL, F_TS_SLOW, N_COLL_ARGS, N_INT_COLUMNS, OK, V_INT, V_MISSING,
-                                    V_NULL, V_ODD, V_STRING)
-
-MAX_DEPTH = 64  # deeper values: DEFER (the decoders' own limits decide)
+                                    V_NULL, V_ODD, V_STRING, MAX_DEPTH)
 
 _POW10 = np.array([10.0 ** k for k in range(23)])  # exact doubles 1e0 .. 1e22
 _TWO53 = 1 << 53
@@ -87,7 +85,7 @@ def _string(b, i, n):  # pragma: no cover - compiled
     return -1, esc
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _number(b, i, n, pow10):  # pragma: no cover - compiled
     """A JSON number at ``b[i]``: (end, kind, integer value, float value). kind ``_INT``: an integer
     of at most 18 digits (exact); ``_FAST``: a decimal whose float is exact here; ``_SLOW``: valid
@@ -288,7 +286,7 @@ def _arg_key(b, s, e):  # pragma: no cover - compiled
     return 0
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _id(b, i, n, pow10):  # pragma: no cover - compiled
     """An id value: (end, value, is_null); end -1 if not an integer of <= 18 digits or null."""
     c = b[i]
@@ -568,38 +566,11 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
         i = _ws(b, i + 1, hi)
 
 
-@njit(cache=True, nogil=True)
-def gather(b, starts, ends):  # pragma: no cover - compiled
-    """The byte spans ``b[starts[k]:ends[k]]`` one after another, with their Arrow offsets (int32)."""
-    k = starts.size
-    offsets = np.empty(k + 1, np.int32)
-    total = 0
-    offsets[0] = 0
-    for j in range(k):
-        total += ends[j] - starts[j]
-        offsets[j + 1] = total
-    out = np.empty(total, np.uint8)
+@njit(cache=True, nogil=True, _nrt=False)
+def gather_into(b, starts, ends, out):  # pragma: no cover - compiled
+    """The byte spans ``b[starts[k]:ends[k]]`` one after another into ``out`` (sized by the caller)."""
     p = 0
-    for j in range(k):
+    for j in range(starts.size):
         for q in range(starts[j], ends[j]):
             out[p] = b[q]
             p += 1
-    return out, offsets
-
-
-ROW_BYTES = 96  # the least JSON per row the output arrays make room for (``new_outputs``)
-
-
-def rows_for(n_bytes: int) -> int:
-    return n_bytes // ROW_BYTES + 1
-
-
-def new_outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
-    """Output arrays for a piece of ``n_bytes`` and the scanner's scratch space: allocated here,
-    the compiled code runs without numba's reference counting (``_nrt=False``: no allocation
-    inside). Room for a row per ``ROW_BYTES``: a piece with denser rows is declined (decoded by
-    msgspec), which real traces never have (Kineto's complete events take 150-300 bytes)."""
-    cap = rows_for(n_bytes)
-    return (np.empty((N_INT_COLUMNS, cap), np.int64), np.empty((2, cap), np.float64),
-            np.empty((1 + 3 * N_COLL_ARGS, cap), np.int64), np.empty((3, N_COLL_ARGS), np.int64),
-            np.empty(MAX_DEPTH, np.uint8))

@@ -46,6 +46,23 @@ F_PID_NULL, F_TID_NULL, F_CORR_NULL, F_DEV_NULL, F_STREAM_NULL, F_TS_SLOW, F_DUR
 N_COLL_ARGS = 7
 A_COLL, A_BYTES, A_GROUP, A_SEQ, A_SEQNUM, A_NELEMS, A_DTYPE = range(N_COLL_ARGS)
 V_MISSING, V_NULL, V_STRING, V_INT, V_ODD = range(5)
+MAX_DEPTH = 64  # values nested deeper: the piece is declined (the decoders' own limits decide)
+ROW_BYTES = 96  # the least JSON per row the output arrays make room for (``new_outputs``)
+
+
+def rows_for(n_bytes: int) -> int:
+    return n_bytes // ROW_BYTES + 1
+
+
+def new_outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
+    """The scanner's output arrays for a piece of ``n_bytes``, and its scratch space: made here,
+    the compiled code runs without numba's reference counting (``_nrt=False``: no allocation
+    inside). Room for a row per ``ROW_BYTES``: a piece with denser rows is declined (decoded by
+    msgspec), which real traces never have (Kineto's complete events take 150-300 bytes)."""
+    cap = rows_for(n_bytes)
+    return (np.empty((N_INT_COLUMNS, cap), np.int64), np.empty((2, cap), np.float64),
+            np.empty((1 + 3 * N_COLL_ARGS, cap), np.int64), np.empty((3, N_COLL_ARGS), np.int64),
+            np.empty(MAX_DEPTH, np.uint8))
 # the kinds each arg is read with here (text args: strings; the others: integers); a row with another
 # kind (a float, a bool, a list, an escaped string, a key given twice) has its event decoded alone
 _TEXT_ARGS = (A_COLL, A_GROUP, A_DTYPE)
@@ -101,8 +118,11 @@ def min_file_bytes() -> int:
     return MIN_FILE_BYTES
 
 
+_KERNEL: dict[str, Any] = {}  # "scan", "gather": the compiled functions this process uses
+
+
 def _loaded() -> bool:
-    return "profkit.ingest.jsonscan" in sys.modules
+    return "scan" in _KERNEL
 
 
 def available() -> bool:
@@ -111,26 +131,45 @@ def available() -> bool:
     return not os.environ.get(NO_JIT_ENV) and importlib.util.find_spec("numba") is not None
 
 
+def _kernels(size_bytes: int | None) -> bool:
+    """Load the compiled functions: the ahead-of-time build when it exists (``scanbuild``: no
+    numba in the process), else, for a file of ``min_file_bytes()`` or more, build it, or at
+    worst use numba's JIT. False when the file should be read the usual way."""
+    if _KERNEL:
+        return True
+    from profkit.ingest import scanbuild
+
+    module = scanbuild.compiled()
+    if module is None:
+        if size_bytes is not None and size_bytes < min_file_bytes():
+            return False
+        module = scanbuild.build()
+    if module is None:
+        try:
+            from profkit.ingest import jsonscan as module  # the JIT: numba in this process
+        except ImportError:
+            return False
+    _KERNEL.update(scan=module.scan_piece, gather=module.gather_into)
+    return True
+
+
 def decoder(size_bytes: int | None = None) -> Callable[[Any], Any] | None:
-    """The scanning decoder, or None (no numba, ``PROFKIT_NO_JIT``, or a small file while the
-    scanner is not loaded yet)."""
-    if os.environ.get(NO_JIT_ENV):
-        return None
-    if size_bytes is not None and size_bytes < min_file_bytes() and not _loaded():
-        return None
-    try:
-        from profkit.ingest import jsonscan  # noqa: F401
-    except ImportError:
+    """The scanning decoder, or None: no numba, ``PROFKIT_NO_JIT``, or a small file while the
+    scanner is neither built nor loaded."""
+    if not available() or not _kernels(size_bytes):
         return None
     return decode
 
 
 def _strings(b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.StringArray:
     """The spans as an Arrow string array; raises ArrowInvalid if one is not UTF-8."""
-    from profkit.ingest.jsonscan import gather
-
-    data, offsets = gather(b, starts, ends)
-    out = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets), pa.py_buffer(data))
+    starts = np.ascontiguousarray(starts)
+    ends = np.ascontiguousarray(ends)
+    offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum(ends - starts, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), np.uint8)
+    _KERNEL["gather"](b, starts, ends, data)
+    out = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
     out.validate(full=True)
     return out
 
@@ -138,11 +177,9 @@ def _strings(b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.StringAr
 def _outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
     """The scanner's output arrays, reused piece after piece in a thread (fresh ones for each
     piece cost a page fault per 4 KB written)."""
-    from profkit.ingest import jsonscan
-
     held = getattr(_HELD, "outputs", None)
-    if held is None or held[0].shape[1] < jsonscan.rows_for(n_bytes):
-        held = _HELD.outputs = jsonscan.new_outputs(max(n_bytes, 2 * CHUNK_BYTES))
+    if held is None or held[0].shape[1] < rows_for(n_bytes):
+        held = _HELD.outputs = new_outputs(max(n_bytes, 2 * CHUNK_BYTES))
     return held
 
 
@@ -157,14 +194,12 @@ def release() -> None:
 def decode(view: Any) -> Any:
     """A piece (``[`` ... ``]``, as ``TraceJSON.chunks`` hands it): a ScannedPiece, or what
     ``decode_piece`` makes of it where the scanner declines."""
-    from profkit.ingest.jsonscan import scan_piece
-
     b = np.frombuffer(view, np.uint8)
     hi = len(b) - 1
     if hi < 1:
         return decode_piece(view)
     ints, floats, rare, scratch, stack = _outputs(hi)
-    status, rows, flows, n_rare = scan_piece(b, 1, hi, ints, floats, rare, scratch, stack)
+    status, rows, flows, n_rare = _KERNEL["scan"](b, 1, hi, ints, floats, rare, scratch, stack)
     if status != OK:
         return decode_piece(view)
     ints = ints[:, :rows]
