@@ -26,6 +26,22 @@ from profkit.ingest.typedjson import decode_piece  # noqa: E402
 from test_typedjson import assert_same  # noqa: E402
 
 
+@pytest.fixture(params=["built", "jit"])
+def kernel(request, monkeypatch):
+    """The scanner's compiled functions, each way: built ahead of time (``scanbuild``; skipped
+    where it cannot be built, e.g. no C compiler) and numba's JIT (``jsonscan``)."""
+    from profkit.ingest import scanbuild
+
+    if request.param == "built":
+        module = scanbuild.build()
+        if module is None:
+            pytest.skip("the scanner cannot be built ahead of time here")
+    else:
+        from profkit.ingest import jsonscan as module
+    monkeypatch.setattr(scanned, "_KERNEL", {"scan": module.scan_piece, "gather": module.gather_into})
+    return request.param
+
+
 def read_scanned_and_typed(path: Path, monkeypatch, chunk: int) -> tuple:
     """(scanned, typed) reads of one file with pieces of ``chunk`` bytes, and how many pieces the
     scanner read (not declined)."""
@@ -132,7 +148,7 @@ def _event(rng: random.Random) -> str:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_events_of_the_scanned_shapes_read_as_typed(tmp_path, monkeypatch, seed):
+def test_random_events_of_the_scanned_shapes_read_as_typed(tmp_path, monkeypatch, seed, kernel):
     """Random events (see ``_event``), compact or indented, cut into pieces of 2 KiB .. 1 MiB."""
     rng = random.Random(seed)
     events = [_event(rng) for _ in range(3000)]
@@ -169,7 +185,7 @@ ROW = '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "pid": 0, 
     '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "args": null}',
     '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "x": ' + "[" * 70 + "]" * 70 + "}",  # deep
 ])
-def test_pieces_the_scanner_declines_decode_as_before(text):
+def test_pieces_the_scanner_declines_decode_as_before(text, kernel):
     data = _piece([ROW, text])
     assert type(scanned.decode(memoryview(data))) is not scanned.ScannedPiece
     assert scanned.decode(memoryview(data)) == decode_piece(memoryview(data))
@@ -185,14 +201,14 @@ def test_pieces_the_scanner_declines_decode_as_before(text):
     ROW.replace("0}", "0]"),  # brackets that do not match
     ROW.replace("null", "nul").replace('"device": 0', '"device": nul'),
 ])
-def test_broken_json_is_not_scanned(text):
+def test_broken_json_is_not_scanned(text, kernel):
     """A cut in the wrong place (or a broken file) must not read as events: the scanner declines
     and the typed decoder says None, as before."""
     data = _piece([ROW, text])
     assert scanned.decode(memoryview(data)) is None
 
 
-def test_numbers_parse_exactly():
+def test_numbers_parse_exactly(kernel):
     """ts of every literal form: the scanner's floats equal Python's (correctly rounded) ones."""
     rng = random.Random(7)
     literals = [_number(rng) for _ in range(4000)] + ["1e-400", "0.1", "0.30000000000000004", "1e14", "1e-23",
@@ -207,9 +223,18 @@ def test_numbers_parse_exactly():
 
 
 def test_scanner_is_used_for_large_files_only_until_loaded(monkeypatch, tmp_path):
-    """Below ``MIN_FILE_BYTES`` the scanner is not loaded for a file (loading numba costs more than
-    it saves); once loaded, it reads every file; ``PROFKIT_NO_JIT`` switches it off."""
-    assert scanned.decoder(scanned.MIN_FILE_BYTES) is scanned.decode
+    """Before the scanner is built (or loaded), a file below ``MIN_FILE_BYTES`` is read the usual
+    way; a larger one builds it (else loads the JIT); then it reads every file; ``PROFKIT_NO_JIT``
+    switches it off. (A private build folder: nothing is built in it, the build is stubbed.)"""
+    from profkit.ingest import scanbuild
+
+    monkeypatch.setattr(scanned, "_KERNEL", {})
+    monkeypatch.setenv(scanbuild.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(scanbuild, "_loaded", {})
+    builds = []
+    monkeypatch.setattr(scanbuild, "build", lambda: builds.append(1))  # as if it failed: the JIT serves
+    assert scanned.decoder(10) is None and not builds
+    assert scanned.decoder(scanned.MIN_FILE_BYTES) is scanned.decode and builds == [1]
     assert scanned.decoder(10) is scanned.decode  # loaded by the line above
     monkeypatch.setenv(scanned.MIN_BYTES_ENV, "1e3")
     assert scanned.min_file_bytes() == 1000
@@ -256,3 +281,46 @@ def test_load_reads_large_files_on_threads_with_the_same_result(shared_traces, t
     assert together.skipped == alone.skipped and len(alone.skipped) == 1 and "rank3.json.gz" in alone.skipped[0]
     assert together.warnings == alone.warnings
     assert sorted(together.ranks) == [0, 1, 2]
+
+
+def test_the_built_scanner_imports_without_numba(shared_traces):
+    """Once built, a process reads with the scanner without importing numba (or LLVM): no ~100 MB
+    and ~0.4 s of fixed cost, so it serves small files too."""
+    import subprocess
+    import sys
+
+    from profkit.ingest import scanbuild
+
+    if scanbuild.build() is None:
+        pytest.skip("the scanner cannot be built ahead of time here")
+    code = ("import sys; from profkit.ingest import scanned; from profkit.ingest.kineto import read_kineto; "
+            "[p] = read_kineto(sys.argv[1]); "
+            "print(scanned._loaded(), 'numba' in sys.modules, 'llvmlite' in sys.modules, p.table.num_rows)")
+    out = subprocess.run([sys.executable, "-c", code, str(shared_traces / "hta/negative_queue_length_rank0.json.gz")],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False", "False", "67219"], out
+
+
+def test_a_build_that_fails_is_remembered_and_the_jit_serves(monkeypatch, tmp_path):
+    """No C compiler (or no ``numba.pycc``): the build fails once, says why in a marker file, is
+    not tried again, and the decoder falls back to numba's JIT."""
+    from profkit.ingest import scanbuild
+
+    monkeypatch.setenv(scanbuild.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(scanbuild, "_loaded", {})
+    calls = []
+
+    def no_compiler(name, where):
+        calls.append(name)
+        raise OSError("no C compiler")
+
+    monkeypatch.setattr(scanbuild, "_compile", no_compiler)
+    assert scanbuild.build() is None and scanbuild.build() is None
+    assert len(calls) == 1
+    [marker] = tmp_path.glob("*.failed")
+    assert "no C compiler" in marker.read_text()
+    monkeypatch.setattr(scanned, "_KERNEL", {})
+    assert scanned.decoder(scanned.MIN_FILE_BYTES) is scanned.decode
+    from profkit.ingest import jsonscan
+
+    assert scanned._KERNEL["scan"] is jsonscan.scan_piece

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
