@@ -38,7 +38,8 @@ def kernel(request, monkeypatch):
             pytest.skip("the scanner cannot be built ahead of time here")
     else:
         from profkit.ingest import jsonscan as module
-    monkeypatch.setattr(scanned, "_KERNEL", {"scan": module.scan_piece, "gather": module.gather_into})
+    monkeypatch.setattr(scanned, "_KERNEL", {"scan": module.scan_piece, "gather": module.gather_into,
+                                             "threads": request.param == "jit"})
     return request.param
 
 
@@ -245,9 +246,10 @@ def test_scanner_is_used_for_large_files_only_until_loaded(monkeypatch, tmp_path
     assert scanned.decoder(scanned.MIN_FILE_BYTES) is None and not scanned.available()
 
 
-def test_load_reads_large_files_on_threads_with_the_same_result(shared_traces, tmp_path, monkeypatch):
-    """``profkit.load`` reads two or more files the scanner takes on threads: the same events,
-    parts, warnings and skipped lines (in file order, a broken file among them) as one at a time."""
+def test_load_reads_large_files_on_threads_with_the_same_result(shared_traces, tmp_path, monkeypatch, kernel):
+    """``profkit.load`` reads two or more files the JIT scanner takes on threads (the built one holds
+    the GIL: one at a time): the same events, parts, warnings and skipped lines (in file order, a
+    broken file among them) as one at a time."""
     import gzip
     import shutil
 
@@ -271,7 +273,7 @@ def test_load_reads_large_files_on_threads_with_the_same_result(shared_traces, t
     monkeypatch.setattr(loader, "read_file", read_file)
     ranks = {f"rank{i}.json.gz": i for i in range(3)}
     together = loader.load(tmp_path, rank_map=ranks)
-    assert any(name.startswith("profkit-read") for name in threads)
+    assert any(name.startswith("profkit-read") for name in threads) == (kernel == "jit")
     monkeypatch.setattr(loader, "MAX_READ_THREADS", 1)
     threads.clear()
     alone = loader.load(tmp_path, rank_map=ranks)
@@ -324,3 +326,4 @@ def test_a_build_that_fails_is_remembered_and_the_jit_serves(monkeypatch, tmp_pa
     from profkit.ingest import jsonscan
 
     assert scanned._KERNEL["scan"] is jsonscan.scan_piece
+    assert scanned.threads_help(scanned.MIN_FILE_BYTES)  # the JIT releases the GIL

@@ -177,8 +177,9 @@ def load(
 def _read_all(files: list[Path], rank_map: RankMap,
               progress: Callable[[str], None] | None) -> list[list[RankPart] | str]:
     """Each file's parts, or the line saying why it was skipped, in file order. Read on threads
-    (one per core) when two or more files are large enough for the compiled scanner, which
-    releases the GIL while it scans; msgspec's decoding holds it, so other reads stay serial."""
+    (one per core) when two or more files are large enough for the compiled scanner and numba's
+    JIT serves it, which releases the GIL while it scans; msgspec's decoding and the scanner built
+    ahead of time hold it, so those reads stay serial (threads would only hold more in memory)."""
 
     def one(path: Path) -> list[RankPart] | str:
         if progress:
@@ -192,8 +193,8 @@ def _read_all(files: list[Path], rank_map: RankMap,
 
     threads = min(len(files), os.cpu_count() or 1, MAX_READ_THREADS)
     if threads > 1:
-        large = sum(1 for path in files if _size(path) >= scanned.min_file_bytes())
-        if large < 2 or not scanned.available():
+        large = [size for size in map(_size, files) if size >= scanned.min_file_bytes()]
+        if len(large) < 2 or not scanned.threads_help(max(large)):
             threads = 1
     if threads <= 1:
         return [one(path) for path in files]

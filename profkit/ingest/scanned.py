@@ -117,7 +117,9 @@ def min_file_bytes() -> int:
     return MIN_FILE_BYTES
 
 
-_KERNEL: dict[str, Any] = {}  # "scan", "gather": the compiled functions this process uses
+# "scan", "gather": the compiled functions this process uses; "threads": whether they release the
+# GIL (numba's JIT does; the ahead-of-time build's wrappers hold it, numba.pycc has no nogil)
+_KERNEL: dict[str, Any] = {}
 
 
 def _loaded() -> bool:
@@ -143,13 +145,21 @@ def _kernels(size_bytes: int | None) -> bool:
         if size_bytes is not None and size_bytes < min_file_bytes():
             return False
         module = scanbuild.build()
+    threads = module is None
     if module is None:
         try:
             from profkit.ingest import jsonscan as module  # the JIT: numba in this process
         except ImportError:
             return False
-    _KERNEL.update(scan=module.scan_piece, gather=module.gather_into)
+    _KERNEL.update(scan=module.scan_piece, gather=module.gather_into, threads=threads)
     return True
+
+
+def threads_help(size_bytes: int) -> bool:
+    """Whether reading files of ``size_bytes`` on threads runs them in parallel: only while numba's
+    JIT scans them (it releases the GIL). The built scanner and msgspec hold the GIL, so threads
+    would only hold more files in memory at once. Loads (or builds) the scanner as ``decoder`` would."""
+    return available() and _kernels(size_bytes) and bool(_KERNEL.get("threads"))
 
 
 def decoder(size_bytes: int | None = None) -> Callable[[Any], Any] | None:
