@@ -308,9 +308,10 @@ Notes:
   not launched inside kept steps) -> fewer "events loaded" than it parsed. It also drops
   rows without dur/cat (flows, metadata, instants) and cat == "Trace". profkit keeps every
   complete and instant event (flows are counted and dropped, metadata events go to meta) in
-  one Arrow-backed DataFrame, in one process: one file at a time with msgspec, or on threads
-  where its compiled scanner reads the files (8 MB and more on disk, or --scan-min-bytes). Both
-  parse every event of every file.
+  one Arrow-backed DataFrame, in one process, one file at a time: with its compiled scanner
+  (built ahead of time once per machine, before the runs, unless --no-build), else with msgspec
+  (on threads only when numba's JIT scans, i.e. the build failed and the files are 8 MB and
+  more on disk, or --scan-min-bytes). Both parse every event of every file.
 - Peak RSS (tree) sums RSS over the worker and its children every 20 ms; for HTA's forked
   workers that counts copy-on-write pages shared with the parent once per process. Peak PSS
   (tree, every 100 ms) counts them once; it may miss short spikes. ru_maxrss children is
@@ -326,11 +327,11 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=8, help="ranks made from the large trace")
     ap.add_argument("--json", type=Path, help="also write every run's raw numbers here")
     ap.add_argument("--scan-min-bytes", type=int, metavar="N",
-                    help="profkit: read files of N bytes and more (on disk) on threads "
-                         "(PROFKIT_SCAN_MIN_BYTES; default: profkit's own threshold, 8 MB)")
+                    help="profkit: the scanner's file-size threshold while it is not built "
+                         "(PROFKIT_SCAN_MIN_BYTES; default: profkit's own, 8 MB on disk)")
     ap.add_argument("--no-build", action="store_true",
-                    help="do not build profkit's compiled scanner first (a machine that never read a large "
-                         "trace: profkit decodes with msgspec)")
+                    help="profkit without a built scanner (a machine that never read a large trace: an empty "
+                         "PROFKIT_NATIVE_DIR; files under the threshold are decoded with msgspec)")
     ap.add_argument("--worker", choices=("profkit", "hta"), help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--rank-map", help=argparse.SUPPRESS)
@@ -387,6 +388,8 @@ def main() -> None:
                             "from profkit.ingest import scanbuild; scanbuild.build()", str(REPO)], check=False)
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("PROFKIT_")}
         scan = {} if args.scan_min_bytes is None else {"PROFKIT_SCAN_MIN_BYTES": str(args.scan_min_bytes)}
+        if args.no_build:
+            scan["PROFKIT_NATIVE_DIR"] = str(tmp / "native")
         envs = {
             "profkit": {**base_env, **scan, "PROFKIT_CACHE": "0"},
             "profkit (warm cache)": {**base_env, **scan, "PROFKIT_CACHE": "1", "PROFKIT_CACHE_DIR": str(tmp / "cache")},

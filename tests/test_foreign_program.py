@@ -17,10 +17,10 @@ Expected, and why:
   cyclic lists before collecting and updates the requests). Its excess over the peer (the
   stragglers.csv number) is 80-105% of the collections: the peer's own time in the same range is
   subtracted, and on a loaded 2-core CI host that can be several ms a step;
-- its episodes: exactly the iterations AFTER each collection (k + 1 for a GC at the end of k),
-  each sized as above. The peer may have an episode of its own on a loaded host (an OS
-  descheduling is a real, if small, straggle), never at those steps and never named after a wait
-  or the sync span;
+- its episodes: the iterations AFTER each collection (k + 1 for a GC at the end of k), each sized
+  as above. Either rank may have an episode of its own on a loaded host (an OS descheduling is a
+  real, if small, straggle): never one of a GC's size, the peer's never at those steps and never
+  named after a wait or the sync span;
 - the victim, rank 1: its top cause is ``waiting for rank 0``, and its wait in the steps after the
   collections is 80-110% of their measured time (its own work there moves it); the user's sync
   span ``dp_padding_allreduce`` is never a cause of its time (below 2% of its wait: its own part
@@ -127,7 +127,13 @@ def test_foreign_episodes_are_the_steps_after_each_collection(variant, foreign, 
     # test_a_late_arrivers_window_is_not_closed_by_its_own_instance) and late releases that kept an
     # op unmatched (test_collectives' test_late_calling_thread_ends_stay_matched_by_order) hid GC
     # steps on a loaded 2-core host before they were mended
-    assert sorted(mine["step"].astype(int)) == sorted(got), (sorted(mine["step"]), got)
+    assert set(got) <= set(mine["step"].astype(int)), (sorted(mine["step"]), got)
+    # the GC rank may have a small episode of its own elsewhere, as the peer may: both ranks and
+    # another test worker share 2 cores, and a descheduled rank straggles for real (seen: 6.5 ms
+    # late in moe_layer at a step without GC, 4 ms over its baseline); never one of a GC's size
+    others = mine[~mine["step"].astype(int).isin(set(got))]
+    assert (others["late_ns"] / 1e6 < 0.25 * min(got.values())).all(), others
+    mine = mine[mine["step"].astype(int).isin(set(got))]
     assert set(mine["cause"]) == {"update_from_output"}
     for step, ms in got.items():
         if step not in set(mine["step"].astype(int)):
