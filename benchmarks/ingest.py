@@ -160,8 +160,10 @@ def worker(tool: str, trace_dir: str, rank_map: dict[str, int] | None) -> dict:
         events = len(cap.events)
         from profkit.ingest import scanned
 
-        reader = "scanner, " + ("numba JIT" if "numba" in sys.modules else "built ahead of time") \
-            if scanned._loaded() else "msgspec"
+        if scanned._loaded():
+            reader = "scanner, " + ("numba JIT" if "numba" in sys.modules else "built ahead of time")
+        else:
+            reader = "parsed-trace cache" if os.environ.get("PROFKIT_CACHE") == "1" else "msgspec"
         extra = {"skipped": cap.skipped, "warnings": len(cap.warnings), "reader": reader}
     cpu1 = os.times()
     sampler.stop()
@@ -421,6 +423,8 @@ def main() -> None:
     driver_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"Machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.platform()}; "
           f"benchmark took {time.perf_counter() - t_start:.0f} s (driver max RSS {driver_mb:.0f} MB).\n")
+    readers = sorted({r["reader"] for by_tool in results.values() for r in by_tool["profkit"] if r.get("reader")})
+    print(f"profkit's reader in the cold runs: {', '.join(readers)}.\n")
     print(table(results, datasets, args.repeat))
     print("\nRatios (HTA / profkit; above 1 = profkit faster / smaller):\n")
     print(ratios(results, datasets))
