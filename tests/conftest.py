@@ -23,3 +23,21 @@ def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():
         pytest.fail(f"public traces not found at {SHARED_TRACES}: the checkout must sit beside shared/")
     return SHARED_TRACES
+
+
+@pytest.fixture(params=["built", "jit"])
+def kernel(request, monkeypatch):
+    """The scanner's compiled functions, each way: built ahead of time (``scanbuild``; skipped
+    where it cannot be built, e.g. no C compiler) and numba's JIT (``jsonscan``)."""
+    pytest.importorskip("numba")
+    from profkit.ingest import scanbuild, scanned
+
+    if request.param == "built":
+        module = scanbuild.build()
+        if module is None:
+            pytest.skip("the scanner cannot be built ahead of time here")
+    else:
+        from profkit.ingest import jsonscan as module
+    monkeypatch.setattr(scanned, "_KERNEL", {"scan": module.scan_piece, "gather": module.gather_into,
+                                             "threads": request.param == "jit"})
+    return request.param

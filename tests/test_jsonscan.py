@@ -26,23 +26,6 @@ from profkit.ingest.typedjson import decode_piece  # noqa: E402
 from test_typedjson import assert_same  # noqa: E402
 
 
-@pytest.fixture(params=["built", "jit"])
-def kernel(request, monkeypatch):
-    """The scanner's compiled functions, each way: built ahead of time (``scanbuild``; skipped
-    where it cannot be built, e.g. no C compiler) and numba's JIT (``jsonscan``)."""
-    from profkit.ingest import scanbuild
-
-    if request.param == "built":
-        module = scanbuild.build()
-        if module is None:
-            pytest.skip("the scanner cannot be built ahead of time here")
-    else:
-        from profkit.ingest import jsonscan as module
-    monkeypatch.setattr(scanned, "_KERNEL", {"scan": module.scan_piece, "gather": module.gather_into,
-                                             "threads": request.param == "jit"})
-    return request.param
-
-
 def read_scanned_and_typed(path: Path, monkeypatch, chunk: int) -> tuple:
     """(scanned, typed) reads of one file with pieces of ``chunk`` bytes, and how many pieces the
     scanner read (not declined)."""

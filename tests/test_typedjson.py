@@ -51,7 +51,7 @@ def assert_same(typed, plain) -> None:
     "tracelens/sglang_qwen3-8b_decode/sglang_Qwen3-8B_decode.json.gz",
     "tracelens/vllm_b200_tp8_eager/eager_trace.json.gz",
 ])
-def test_real_traces_read_the_same_both_ways(shared_traces, rel, monkeypatch):
+def test_real_traces_read_the_same_both_ways(shared_traces, rel, monkeypatch, kernel):
     typed, plain = read_both(shared_traces / rel, monkeypatch)
     assert_same(typed, plain)
     assert typed.table.num_rows > 1000
