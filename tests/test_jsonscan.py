@@ -310,3 +310,21 @@ def test_a_build_that_fails_is_remembered_and_the_jit_serves(monkeypatch, tmp_pa
 
     assert scanned._KERNEL["scan"] is jsonscan.scan_piece
     assert scanned.threads_help(scanned.MIN_FILE_BYTES)  # the JIT releases the GIL
+
+
+def test_the_built_module_is_named_for_both_sources(monkeypatch, tmp_path):
+    """The scanner compiles in ``scanned``'s layout constants: a change to either file names a new
+    module (built again), never a stale one with the old layout."""
+    from profkit.ingest import scanbuild
+
+    scan, layout = tmp_path / "jsonscan.py", tmp_path / "scanned.py"
+    scan.write_text("scanner")
+    layout.write_text("C_PID = 8")
+    monkeypatch.setattr(scanbuild, "_SOURCES", (scan, layout))
+    names = []
+    for text in ("C_PID = 8", "C_PID = 9"):
+        layout.write_text(text)
+        scanbuild._name.cache_clear()
+        names.append(scanbuild._name())
+    scanbuild._name.cache_clear()
+    assert names[0] != names[1] and all(name.startswith("_profkit_jsonscan_") for name in names)

@@ -11,7 +11,7 @@ compiler, or if ``numba.pycc`` is gone from a future numba, the build fails once
 marker file) and the JIT scanner is used instead.
 
 The module is named for the scanner's source, numba and Python (``_name()``): a changed
-``jsonscan.py`` builds a new one. It lives beside this file (``__pycache__``) when that is
+``jsonscan.py`` (or ``scanned.py``, whose layout constants it compiles in) builds a new one. It lives beside this file (``__pycache__``) when that is
 writable, else in ``~/.cache/profkit/native``; ``PROFKIT_NATIVE_DIR`` picks another folder.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ from pathlib import Path
 from types import ModuleType
 
 DIR_ENV = "PROFKIT_NATIVE_DIR"
-_SOURCE = Path(__file__).with_name("jsonscan.py")
+# the scanner's source, and the module whose layout constants (C_*, F_*, V_*...) it compiles in
+_SOURCES = (Path(__file__).with_name("jsonscan.py"), Path(__file__).with_name("scanned.py"))
 # the exported functions' signatures: see jsonscan (arrays made by scanned.new_outputs and _strings)
 SIGNATURES = {
     "scan_piece": "UniTuple(i8, 4)(u1[::1], i8, i8, i8[:, ::1], f8[:, ::1], i8[:, ::1], i8[:, ::1], u1[::1])",
@@ -44,8 +45,9 @@ def _name() -> str | None:
         numba_version = importlib.metadata.version("numba")
     except importlib.metadata.PackageNotFoundError:
         return None
-    key = hashlib.blake2b(_SOURCE.read_bytes() + repr(sorted(SIGNATURES.items())).encode()
-                          + numba_version.encode() + sys.version.encode(), digest_size=8).hexdigest()
+    sources = b"".join(path.read_bytes() for path in _SOURCES)
+    key = hashlib.blake2b(sources + repr(sorted(SIGNATURES.items())).encode() + numba_version.encode()
+                          + sys.version.encode(), digest_size=8).hexdigest()
     return f"_profkit_jsonscan_{key}"
 
 

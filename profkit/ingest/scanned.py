@@ -7,12 +7,14 @@ what ``typedjson.decode_piece`` returns for it, so a piece the scanner declines 
 (``tests/test_jsonscan.py`` reads real and random traces both ways and compares everything).
 
 Without numba (the ``fast`` extra), or with ``PROFKIT_NO_JIT`` set, there is no decoder and the
-reader decodes with msgspec as before. Importing numba and loading the compiled scanner costs a
-process ~0.4 s and ~100 MB of RSS (LLVM; measured here), and the scanner saves ~30% of a read's
-CPU (~0.3 s per 100 MB of JSON), so it is loaded for a file of ``MIN_FILE_BYTES`` or more on disk
-(~100 MB of JSON gzipped) and then reads every file of that process. Smaller captures keep their
-memory (a DEP256 x 200 rank file is 3.4 MB, the HTA trace of ``benchmarks/ingest.py`` 1.4 MB).
-The first use on a machine compiles it (~10 s, cached beside the module by numba).
+reader decodes with msgspec as before. The compiled functions come from ``scanbuild``: an
+extension module built ahead of time once per machine (imports in under 1 ms, no numba in the
+process), used for every file once it exists. Until then a file of ``MIN_FILE_BYTES`` or more on
+disk builds it (~18 s, once); where it cannot be built, numba's JIT scanner serves such files
+(importing numba and loading it cost a process ~0.4 s and ~100 MB of RSS, which only a large file
+repays: the scanner saves ~30% of a read's CPU, ~0.3 s per 100 MB of JSON). Smaller files read
+before the build keep to msgspec (a DEP256 x 200 rank file is 3.4 MB, the HTA trace of
+``benchmarks/ingest.py`` 1.4 MB).
 """
 from __future__ import annotations
 
