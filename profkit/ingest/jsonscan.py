@@ -303,6 +303,39 @@ def _id(b, i, n, pow10):  # pragma: no cover - compiled
     return -1, 0, True
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _member(b, i, n):  # pragma: no cover - compiled
+    """An object member's key at ``b[i]`` and its colon: (key start, key end, index of the value);
+    the index is -1 if there is no unescaped string key, no colon or no value after it."""
+    if i >= n or b[i] != 34:
+        return 0, 0, -1
+    ks = i + 1
+    i, esc = _string(b, i, n)
+    if i < 0 or esc:
+        return 0, 0, -1
+    ke = i - 1
+    i = _ws(b, i, n)
+    if i >= n or b[i] != 58:
+        return 0, 0, -1
+    i = _ws(b, i + 1, n)
+    if i >= n:
+        return 0, 0, -1
+    return ks, ke, i
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _next_member(b, i, n):  # pragma: no cover - compiled
+    """After a member's value, at ``b[i]``: (the next key's index, True) past a comma, (the index
+    after the object, False) at its closing brace; (-1, False) otherwise."""
+    i = _ws(b, i, n)
+    if i < n:
+        if b[i] == 44:
+            return _ws(b, i + 1, n), True
+        if b[i] == 125:
+            return i + 1, False
+    return -1, False
+
+
 @njit(cache=True, nogil=True, _nrt=False)
 def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cover - compiled
     """Scan the array elements in ``b[lo:hi]`` (``b[hi]`` is the array's ``]``); ``stack``: MAX_DEPTH
@@ -339,19 +372,10 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
         if i < hi and b[i] == 125:
             return DEFER, rows, flows, n_rare  # {}: no phase
         while True:
-            if i >= hi or b[i] != 34:
+            ks, ke, i = _member(b, i, hi)
+            if i < 0:
                 return DEFER, rows, flows, n_rare
-            ks = i + 1
-            i, esc = _string(b, i, hi)
-            if i < 0 or esc:
-                return DEFER, rows, flows, n_rare
-            field = _key(b, ks, i - 1)
-            i = _ws(b, i, hi)
-            if i >= hi or b[i] != 58:
-                return DEFER, rows, flows, n_rare
-            i = _ws(b, i + 1, hi)
-            if i >= hi:
-                return DEFER, rows, flows, n_rare
+            field = _key(b, ks, ke)
             if field != 0:
                 bit = 1 << field
                 if seen & bit:
@@ -416,19 +440,10 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                     i += 1
                 else:
                     while True:
-                        if i >= hi or b[i] != 34:
+                        ks, ke, i = _member(b, i, hi)
+                        if i < 0:
                             return DEFER, rows, flows, n_rare
-                        ks = i + 1
-                        i, esc = _string(b, i, hi)
-                        if i < 0 or esc:
-                            return DEFER, rows, flows, n_rare
-                        akey = _arg_key(b, ks, i - 1)
-                        i = _ws(b, i, hi)
-                        if i >= hi or b[i] != 58:
-                            return DEFER, rows, flows, n_rare
-                        i = _ws(b, i + 1, hi)
-                        if i >= hi:
-                            return DEFER, rows, flows, n_rare
+                        akey = _arg_key(b, ks, ke)
                         if 1 <= akey <= 3:
                             abit = 1 << akey
                             if aseen & abit:
@@ -484,30 +499,20 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                             i = _value(b, i, hi, pow10, stack)
                             if i < 0:
                                 return DEFER, rows, flows, n_rare
-                        i = _ws(b, i, hi)
-                        if i >= hi:
+                        i, more = _next_member(b, i, hi)
+                        if i < 0:
                             return DEFER, rows, flows, n_rare
-                        if b[i] == 44:
-                            i = _ws(b, i + 1, hi)
-                            continue
-                        if b[i] == 125:
-                            i += 1
+                        if not more:
                             break
-                        return DEFER, rows, flows, n_rare
             else:
                 i = _value(b, i, hi, pow10, stack)
                 if i < 0:
                     return DEFER, rows, flows, n_rare
-            i = _ws(b, i, hi)
-            if i >= hi:
+            i, more = _next_member(b, i, hi)
+            if i < 0:
                 return DEFER, rows, flows, n_rare
-            if b[i] == 44:
-                i = _ws(b, i + 1, hi)
-                continue
-            if b[i] == 125:
-                i += 1
+            if not more:
                 break
-            return DEFER, rows, flows, n_rare
         if ph == 2:
             flows += 1
         elif ph == 1:

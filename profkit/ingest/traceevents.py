@@ -291,10 +291,7 @@ class EventColumns:
             if "Collective name" in a:
                 self._coll_args(row, a, kind, name)
             elif on_gpu and kind is S.KERNEL:
-                if type(name) is str and name.startswith(_NCCL_PREFIXES):
-                    coll = coll_from_kernel(name)
-                    if coll is not None:
-                        self.coll_name[row] = coll
+                self._kernel_coll(row, name)
             elif on_gpu and "bytes" in a:
                 self.nbytes[row] = a["bytes"]
             return
@@ -305,12 +302,16 @@ class EventColumns:
         if a.collective_name is not UNSET:
             self._coll_typed(row, a, kind, name)
         elif on_gpu and kind is S.KERNEL:
-            if type(name) is str and name.startswith(_NCCL_PREFIXES):
-                coll = coll_from_kernel(name)
-                if coll is not None:
-                    self.coll_name[row] = coll
+            self._kernel_coll(row, name)
         elif on_gpu and a.bytes is not UNSET:
             self.nbytes[row] = a.bytes
+
+    def _kernel_coll(self, row: int, name: Any) -> None:
+        """An NCCL / RCCL kernel's collective, from its name."""
+        if type(name) is str and name.startswith(_NCCL_PREFIXES):
+            coll = coll_from_kernel(name)
+            if coll is not None:
+                self.coll_name[row] = coll
 
     def _rows_typed(self, events: list[TraceEvent]) -> None:
         """``_rows`` over typed events: the same rows, the same fast-path shape (an ``X`` event with
