@@ -7,8 +7,9 @@
 
 Captures are simulated once (``profkit simulate --ranks N --steps S --seed 1``, Kineto JSON.gz,
 one file per rank) and kept under ``--work-dir`` (default /tmp/profkit-scale); generating them
-is not measured. Every measurement runs in a fresh interpreter (this file with ``--child``), so
-each run's peak memory is its own:
+is not measured, nor is building profkit's compiled JSON scanner (once per machine, before the
+runs; ``--no-build`` leaves it to the first run that reads a large file). Every measurement runs
+in a fresh interpreter (this file with ``--child``), so each run's peak memory is its own:
 
 - cold: ``PROFKIT_CACHE_DIR`` is a fresh folder (every file is parsed and its cache entry written);
 - warm: the same folder again (the parsed-trace cache is read instead).
@@ -262,6 +263,16 @@ def _accelerators() -> str:
     have = [m for m in ("isal", "numba") if importlib.util.find_spec(m) is not None]
     off = " (PROFKIT_NO_JIT set: numpy replay)" if os.environ.get("PROFKIT_NO_JIT") else ""
     return f"fast extra: {', '.join(have) or 'none'}{off}"
+
+
+def _build_scanner() -> str:
+    """Build profkit's compiled JSON scanner (``ingest/scanbuild.py``) before any run, as a machine
+    that has read a large trace once has it: its one-time ~18 s build is not part of a run."""
+    code = "from profkit.ingest import scanbuild; print('built ahead of time' if scanbuild.build() else 'not built')"
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True)
+    if done.returncode != 0:
+        return "not built (" + (done.stderr.strip().splitlines() or ["no numba"])[-1] + ")"
+    return done.stdout.strip()
 
 
 def _isal(path: Path) -> tuple[int, int, int]:
@@ -659,6 +670,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.html", help="plotly figure")
     ap.add_argument("--json", type=Path, help="also write every run and floor measurement here")
     ap.add_argument("--no-floor", action="store_true", help="skip the read / gunzip / parse floor")
+    ap.add_argument("--no-build", action="store_true",
+                    help="do not build profkit's compiled JSON scanner before the runs (once per machine, unmeasured); "
+                         "without it the first run to read a file of 8 MB or more builds it, ~18 s inside that run")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed (default 1800)")
     ap.add_argument("--report", type=Path, metavar="JSON", help="measure nothing: print the tables of a --json file again")
     args = ap.parse_args()
@@ -675,8 +689,9 @@ def main() -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
 
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    scanner = "not built first" if args.no_build else _build_scanner()
     header = (f"profkit.scale.analyze_paths on simulated captures ({args.format}, seed 1); {machine}; "
-              f"workers: {args.workers or 'executor default'}; {_accelerators()}; one run each")
+              f"workers: {args.workers or 'executor default'}; {_accelerators()}; JSON scanner: {scanner}; one run each")
     runs: list[dict] = []
     floors: dict[str, list[dict]] = {}
 
