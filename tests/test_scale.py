@@ -130,6 +130,18 @@ def test_a_pool_worker_killed_is_retried_once_then_named(dep32, serial, tmp_path
         analyze_paths([dep32], executor="pool", workers=2)
 
 
+def test_a_script_without_a_main_guard_is_told_why_every_worker_died(dep32, tmp_path):
+    """The pool spawns its workers, which import the main script: one that calls profkit at its top
+    level kills each of them at start-up. The error says so, not only "killed, or out of memory"."""
+    script = tmp_path / "no_guard.py"
+    script.write_text("from profkit.scale import analyze_paths\n"
+                      f"analyze_paths([{str(dep32)!r}], executor='pool', workers=2)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "died twice" in last and 'if __name__ == "__main__":' in last, last
+
+
 def test_cli_executors_write_identical_files(dep32, tmp_path):
     outs = {}
     for name, flags in {"serial": ["--executor", "serial"], "pool": ["--workers", "2"],

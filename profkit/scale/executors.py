@@ -54,7 +54,11 @@ class PoolExecutor(SerialExecutor):
             self.close()  # a worker died: every unfinished task of that pool is lost; retry them once
             pending = broken
         names = ", ".join(labels[i] for i in pending)
-        raise ScaleError(f"{names}: stage {stage_name(fn)!r}: the worker process died twice (killed, or out of memory?)")
+        why = "killed, or out of memory?"
+        if len(pending) == len(calls) and not results:  # no task of the stage ever finished
+            why += (" If every task dies at once: the workers start by importing the main script (spawn), so a"
+                    " script must call profkit under `if __name__ == \"__main__\":`")
+        raise ScaleError(f"{names}: stage {stage_name(fn)!r}: the worker process died twice ({why})")
 
     def close(self) -> None:
         if self._pool is not None:
