@@ -328,3 +328,32 @@ def test_the_built_module_is_named_for_both_sources(monkeypatch, tmp_path):
         names.append(scanbuild._name())
     scanbuild._name.cache_clear()
     assert names[0] != names[1] and all(name.startswith("_profkit_jsonscan_") for name in names)
+
+
+def test_a_large_json_trace_builds_the_scanner_first_and_says_so(monkeypatch, tmp_path):
+    """``load`` (and ``analyze_paths``, in the driver) build the scanner before reading when a JSON
+    trace of ``MIN_FILE_BYTES`` or more needs it, with a progress line; never for smaller or other
+    files, nor once it is built or its build failed. (A private build folder; the build stubbed.)"""
+    from profkit.ingest import scanbuild
+
+    monkeypatch.setenv(scanbuild.DIR_ENV, str(tmp_path / "native"))
+    monkeypatch.setattr(scanbuild, "_loaded", {})
+    builds: list[int] = []
+    monkeypatch.setattr(scanbuild, "build", lambda: builds.append(1))
+    small, big, sqlite = tmp_path / "r0.json.gz", tmp_path / "r1.pt.trace.json.gz", tmp_path / "r2.sqlite"
+    for path, size in ((small, 1000), (big, scanned.MIN_FILE_BYTES), (sqlite, 2 * scanned.MIN_FILE_BYTES)):
+        with open(path, "wb") as fh:
+            fh.truncate(size)  # sparse: the size is all that is read
+    said: list[str] = []
+    scanned.build_for([small, sqlite], said.append)
+    assert not builds and not said
+    scanned.build_for([small, big], said.append)
+    assert builds == [1] and said == ["building profkit's compiled JSON scanner (once per machine, ~20 s)"]
+    (tmp_path / "native").mkdir()
+    (tmp_path / "native" / f"{scanbuild._name()}.failed").write_text("OSError: no C compiler\n")
+    scanned.build_for([big], said.append)
+    assert builds == [1] and len(said) == 1
+    monkeypatch.setenv(scanned.NO_JIT_ENV, "1")
+    (tmp_path / "native" / f"{scanbuild._name()}.failed").unlink()
+    scanned.build_for([big], said.append)
+    assert builds == [1]

@@ -162,6 +162,7 @@ def load(
 
     manifest = manifest_facts(files)
     loaded: list[RankPart] = []
+    scanned.build_for(files, progress)
     for got in _read_all(files, rank_map, progress):
         if isinstance(got, str):
             skipped.append(got)
@@ -193,7 +194,7 @@ def _read_all(files: list[Path], rank_map: RankMap,
 
     threads = min(len(files), os.cpu_count() or 1, MAX_READ_THREADS)
     if threads > 1:
-        large = [size for size in map(_size, files) if size >= scanned.min_file_bytes()]
+        large = [size for size in map(scanned.file_size, files) if size >= scanned.min_file_bytes()]
         if len(large) < 2 or not scanned.threads_help(max(large)):
             threads = 1
     if threads <= 1:
@@ -203,13 +204,6 @@ def _read_all(files: list[Path], rank_map: RankMap,
 
 
 MAX_READ_THREADS = 8
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 UNRANKED_ROLES = ("frontend", "coordinator")  # vLLM's API server / offline front end, DP coordinator

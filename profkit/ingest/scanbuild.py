@@ -93,6 +93,13 @@ def compiled() -> ModuleType | None:
     return _loaded[name]
 
 
+def pending() -> bool:
+    """Whether ``build()`` would compile now: numba is there, the module is not built, and no
+    earlier build failed here."""
+    name = _name()
+    return name is not None and compiled() is None and not (folder() / f"{name}.failed").exists()
+
+
 def build() -> ModuleType | None:
     """The built module, building it first if needed (numba and a C compiler; ~15 s, once per
     machine); None if it cannot be built here (then the JIT scanner serves)."""

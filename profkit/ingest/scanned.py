@@ -22,7 +22,8 @@ import importlib.util
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -162,6 +163,31 @@ def threads_help(size_bytes: int) -> bool:
     JIT scans them (it releases the GIL). The built scanner and msgspec hold the GIL, so threads
     would only hold more files in memory at once. Loads (or builds) the scanner as ``decoder`` would."""
     return available() and _kernels(size_bytes) and bool(_KERNEL.get("threads"))
+
+
+def build_for(paths: Iterable[Path], progress: Callable[[str], None] | None = None) -> None:
+    """Build the scanner before reading ``paths`` when one of them is a JSON trace large enough to
+    need it and it is not built yet: once per machine, saying so (a first ``profkit analyze``
+    otherwise sits ~20 s in its first large file without a word), and in this process, before a
+    pool's workers start (each would wait on the build's lock)."""
+    if not available():
+        return
+    sizes = [file_size(path) for path in paths if path.name.endswith((".json", ".json.gz"))]
+    if max(sizes, default=0) < min_file_bytes():
+        return
+    from profkit.ingest import scanbuild
+
+    if scanbuild.pending():
+        if progress:
+            progress("building profkit's compiled JSON scanner (once per machine, ~20 s)")
+        scanbuild.build()
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def decoder(size_bytes: int | None = None) -> Callable[[Any], Any] | None:

@@ -18,6 +18,7 @@ from profkit.analyze import stages
 from profkit.analyze.pipeline import prepare_ranks, run_stages
 from profkit.analyze.result import Analysis
 from profkit.analyze.store import DiskStore
+from profkit.ingest import scanned
 from profkit.ingest.loader import Capture, RankMap, describe_parts, discover, resolve_ranks
 from profkit.scale.executors import make_executor
 
@@ -27,6 +28,7 @@ SMALL_CAPTURE_BYTES = 64 << 20  # below this, the default pool runs in-process (
 
 def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say) -> tuple[Capture, dict[int, list[str]], list]:
     """Map over files: read each (cache), resolve ranks over the part descriptors."""
+    scanned.build_for(files, say)  # here, once, before the workers start
     say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
     read = ex.map(stages.read_file_task,
                   [(i, str(f), rank_map.pids_for_file(f) or None, store) for i, f in enumerate(files)],
