@@ -23,19 +23,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 def read_both(path: Path, monkeypatch, chunk: int | None = None):
     """(typed, dict-path) parts of one file, read with the same piece size; the file read by the
-    scanner too (its piece size ``chunk`` as well) must give the same as the typed read."""
-    pytest.importorskip("numba")
+    scanner too (its piece size ``chunk`` as well) must give the same as the typed read. Without
+    numba the typed and dict reads are still compared."""
+    native = None
     with monkeypatch.context() as m:
         if chunk:
             m.setattr(jsonio, "CHUNK_BYTES", chunk)
             m.setattr(scanned, "CHUNK_BYTES", chunk)
-        m.setattr(scanned, "MIN_FILE_BYTES", 0)
-        [native] = read_kineto(path)
+        if scanned.available():
+            m.setattr(scanned, "MIN_FILE_BYTES", 0)
+            [native] = read_kineto(path)
         m.setenv(scanned.NO_JIT_ENV, "1")
         [typed] = read_kineto(path)
         m.setattr(kineto, "decode_piece", jsonio._orjson_list)
         [plain] = read_kineto(path)
-    assert_same(native, typed)
+    if native is not None:
+        assert_same(native, typed)
     return typed, plain
 
 
@@ -197,7 +200,8 @@ def test_hypothesis_random_events_read_the_same_both_ways(tmp_path_factory, monk
     check()
     # every path was exercised: the fixed examples alone give 8+ typed and 8+ dict pieces (two reads
     # each), and the scanner reads the common rows' pieces (the odd rows' pieces it declines)
-    assert pieces["typed"] >= 8 and pieces["dicts"] >= 8 and pieces["scanned"] >= 8, pieces
+    assert pieces["typed"] >= 8 and pieces["dicts"] >= 8, pieces
+    assert pieces["scanned"] >= 8 if scanned.available() else pieces["scanned"] == 0, pieces  # numba: the fast extra
 
 
 _MISSING = object()
