@@ -238,9 +238,7 @@ class EventColumns:
             nccl &= pc.or_(pc.starts_with(p.names, "nccl"), pc.starts_with(p.names, "rccl")).to_numpy(zero_copy_only=False)
             names = p.names
             for row in np.flatnonzero(nccl).tolist():
-                coll = _cached(self._kernel_colls, names[row].as_py(), coll_from_kernel)
-                if coll is not None:
-                    self.coll_name[row] = coll
+                self._kernel_coll(row, names[row].as_py())
         sparse = {"coll_name": self.coll_name, "coll_group": self.coll_group, "coll_seq": self.coll_seq, "bytes": self.nbytes}
         for column, typ in _SPARSE_COLUMNS:
             batch[column] = _sparse(sparse[column], n, typ)
@@ -272,11 +270,7 @@ class EventColumns:
                     if size is not None:
                         self.nbytes[row] = nelems * size
             elif on_gpu[j] and kind is S.KERNEL:
-                name = names[row].as_py()
-                if name.startswith(_NCCL_PREFIXES):
-                    coll = _cached(self._kernel_colls, name, coll_from_kernel)
-                    if coll is not None:
-                        self.coll_name[row] = coll
+                self._kernel_coll(row, names[row].as_py())
             elif on_gpu[j] and c.bytes_present[j]:
                 self.nbytes[row] = c.nbytes[j]
 
@@ -285,15 +279,8 @@ class EventColumns:
         alone (a struct or a dict): ``_rows_typed``'s and ``_rows``' branches for them."""
         if type(e) is dict:
             a = e.get("args")
-            name = e.get("name")
-            if type(a) is not dict:
-                return
-            if "Collective name" in a:
-                self._coll_args(row, a, kind, name)
-            elif on_gpu and kind is S.KERNEL:
-                self._kernel_coll(row, name)
-            elif on_gpu and "bytes" in a:
-                self.nbytes[row] = a["bytes"]
+            if type(a) is dict:
+                self._dict_colls(row, a, kind, e.get("name"), on_gpu)
             return
         a = e.args
         name = e.name
@@ -306,10 +293,20 @@ class EventColumns:
         elif on_gpu and a.bytes is not UNSET:
             self.nbytes[row] = a.bytes
 
+    def _dict_colls(self, row: int, a: dict, kind: str, name: Any, on_gpu: bool) -> None:
+        """The collective and bytes columns of a row from its dict args: a collective's args, else,
+        on a GPU row, an NCCL kernel's name or the args' bytes."""
+        if "Collective name" in a:
+            self._coll_args(row, a, kind, name)
+        elif on_gpu and kind is S.KERNEL:
+            self._kernel_coll(row, name)
+        elif on_gpu and "bytes" in a:
+            self.nbytes[row] = a["bytes"]
+
     def _kernel_coll(self, row: int, name: Any) -> None:
-        """An NCCL / RCCL kernel's collective, from its name."""
+        """An NCCL / RCCL kernel's collective, from its name (looked up once per distinct name)."""
         if type(name) is str and name.startswith(_NCCL_PREFIXES):
-            coll = coll_from_kernel(name)
+            coll = _cached(self._kernel_colls, name, coll_from_kernel)
             if coll is not None:
                 self.coll_name[row] = coll
 
@@ -493,15 +490,7 @@ class EventColumns:
             self.gpu_rows.append(row)
             self.gpu_device.append(e.get("pid") if dev is None else dev)
             self.gpu_stream.append(e.get("tid") if stream is None else stream)
-            if "Collective name" in a:
-                self._coll_args(row, a, kind, name)
-            elif kind is S.KERNEL:
-                if type(name) is str and name[:4] in ("nccl", "rccl"):
-                    coll = coll_from_kernel(name)
-                    if coll is not None:
-                        self.coll_name[row] = coll
-            elif "bytes" in a:
-                self.nbytes[row] = a["bytes"]
+            self._dict_colls(row, a, kind, name, True)
         return 1
 
     def _coll_typed(self, row: int, a: TraceArgs, kind: str, event_name: Any) -> None:
