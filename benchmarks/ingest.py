@@ -386,8 +386,8 @@ def main() -> None:
                         pass
 
         if not args.no_build:  # once per machine, as profkit does on its first large trace: not measured
-            subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                            "from profkit.ingest import scanbuild; scanbuild.build()", str(REPO)], check=False)
+            subprocess.run([sys.executable, "-m", "profkit.ingest.scanbuild"], cwd=REPO, check=False,
+                           stdout=subprocess.DEVNULL)
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("PROFKIT_")}
         scan = {} if args.scan_min_bytes is None else {"PROFKIT_SCAN_MIN_BYTES": str(args.scan_min_bytes)}
         if args.no_build:

@@ -268,11 +268,10 @@ def _accelerators() -> str:
 def _build_scanner() -> str:
     """Build profkit's compiled JSON scanner (``ingest/scanbuild.py``) before any run, as a machine
     that has read a large trace once has it: its one-time ~18 s build is not part of a run."""
-    code = "from profkit.ingest import scanbuild; print('built ahead of time' if scanbuild.build() else 'not built')"
-    done = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True)
-    if done.returncode != 0:
-        return "not built (" + (done.stderr.strip().splitlines() or ["no numba"])[-1] + ")"
-    return done.stdout.strip()
+    done = subprocess.run([sys.executable, "-m", "profkit.ingest.scanbuild"], env=child_env(None),
+                          capture_output=True, text=True)
+    lines = (done.stdout.strip() or done.stderr.strip() or "not built").splitlines()
+    return lines[-1].split(":")[0] if done.returncode == 0 else lines[-1]
 
 
 def _isal(path: Path) -> tuple[int, int, int]:

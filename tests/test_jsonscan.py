@@ -286,7 +286,7 @@ def test_the_built_scanner_imports_without_numba(shared_traces):
     assert out == ["True", "False", "False", "67219"], out
 
 
-def test_a_build_that_fails_is_remembered_and_the_jit_serves(monkeypatch, tmp_path):
+def test_a_build_that_fails_is_remembered_and_the_jit_serves(monkeypatch, tmp_path, capsys):
     """No C compiler (or no ``numba.pycc``): the build fails once, says why in a marker file, is
     not tried again, and the decoder falls back to numba's JIT."""
     from profkit.ingest import scanbuild
@@ -304,6 +304,8 @@ def test_a_build_that_fails_is_remembered_and_the_jit_serves(monkeypatch, tmp_pa
     assert len(calls) == 1
     [marker] = tmp_path.glob("*.failed")
     assert "no C compiler" in marker.read_text()
+    assert scanbuild.main() == 1  # ``python -m profkit.ingest.scanbuild`` says why
+    assert "not built (OSError: no C compiler)" in capsys.readouterr().out
     monkeypatch.setattr(scanned, "_KERNEL", {})
     assert scanned.decoder(scanned.MIN_FILE_BYTES) is scanned.decode
     from profkit.ingest import jsonscan

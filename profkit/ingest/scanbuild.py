@@ -148,3 +148,21 @@ def _compile(name: str, where: Path) -> None:
             cc.export(function, signature)(getattr(jsonscan, function).py_func)
         cc.compile()
         os.replace(Path(tmp) / _path(name).name, _path(name))
+
+
+def main() -> int:
+    """``python -m profkit.ingest.scanbuild``: build the module now (e.g. in an image) and say where
+    it is, or why the JIT scanner will serve instead. Exit status 1 if it is not built."""
+    module = build()
+    if module is not None:
+        print(f"built ahead of time: {module.__file__}")
+        return 0
+    name = _name()
+    failed = folder() / f"{name}.failed" if name else None
+    why = failed.read_text().strip() if failed and failed.exists() else "numba is not installed"
+    print(f"not built ({why})")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
