@@ -157,9 +157,12 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.D
         base[c] = pd.array(have, dtype="Int64")
     if base["num_tokens"].notna().all() or events is None or not len(events):
         return base[cols]
-    host = events[events["kind"].isin([schema.CPU_SPAN, schema.CPU_OP]).to_numpy(dtype=bool)]
-    names = host["name"].astype("string")
-    ann = host[names.str.match(VLLM_STEP_RE, na=False).to_numpy(dtype=bool)]
+    # the regex once per distinct name, and rows taken of the four columns read below only (a
+    # rank has hundreds of thousands of host rows and a few hundred distinct names)
+    is_host = events["kind"].isin([schema.CPU_SPAN, schema.CPU_OP]).to_numpy(dtype=bool)
+    codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
+    hit = np.r_[pd.Series(uniques).astype("string").str.match(VLLM_STEP_RE, na=False).to_numpy(dtype=bool), False]
+    ann = events.loc[is_host & hit[np.asarray(codes, np.int64)], ["rank", "start_ns", "name"]]
     if not len(ann):
         return base[cols]
     facts = step_batch_facts(ann["name"])
