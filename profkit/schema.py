@@ -27,6 +27,8 @@ bytes        int64   bytes moved (memcpy/memset size, collective message size)
 """
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pyarrow as pa
 
@@ -107,6 +109,20 @@ def from_records(rows: list[dict]) -> pd.DataFrame:
     """Event table from row dicts (missing keys are null); for tests, synthetic traces, notebooks."""
     cols: dict[str, list] = {c: [r.get(c) for r in rows] for c in COLUMNS}
     return to_frame(to_table(cols))
+
+
+# A stored table's schema metadata: how each column comes back as a frame column (``analyze.store``).
+FRAME_KINDS_KEY = b"profkit.columns"
+
+
+def as_arrow_frame(table: pa.Table, extra: dict[bytes, bytes] | None = None) -> pa.Table:
+    """``table`` marked so that ``analyze.store`` reads every column back as an ``ArrowDtype`` column
+    (as ``to_frame`` would make it), with ``extra`` metadata beside: an event table written this way
+    (the parsed-trace cache's files) is a table the store can hold as it is."""
+    meta = dict(table.schema.metadata or {})
+    meta.update(extra or {})
+    meta[FRAME_KINDS_KEY] = json.dumps({name: "arrow" for name in table.column_names}).encode()
+    return table.replace_schema_metadata(meta)
 
 
 def to_frame(table: pa.Table) -> pd.DataFrame:

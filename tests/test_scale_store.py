@@ -42,3 +42,116 @@ def test_one_part_becomes_the_rank_events(result, store_kind, tmp_path, monkeypa
     again = stages.prepare_task(7, [info.store_key], store, None)  # a retried task: the part is gone
     assert again.n_events == prep.n_events and again.markers == prep.markers
     store.close()
+
+
+def _inode(path: Path) -> int:
+    return path.stat().st_ino
+
+
+def test_a_cached_part_is_the_store_file_cold_and_warm_and_copied_across_file_systems(result, tmp_path, monkeypatch):
+    """The read task hands the store the parsed-trace cache's own file (a hard link: no second
+    encode and write of the table, and a warm run reads nothing); where a link cannot be made
+    (another file system) its bytes are copied; without a cache the table is written as before.
+    Each way the rank's events are the reader's table."""
+    import os
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(cache))
+    expected = schema.to_frame(result.table)
+
+    def events_of(store: DiskStore, rank: int) -> Path:
+        out = stages.read_file_task(0, str(TRACE), None, store)
+        [info] = out.parts
+        stored = store.root / f"{info.store_key}.arrow"
+        inode, links = _inode(stored), stored.stat().st_nlink
+        stages.prepare_task(rank, [info.store_key], store, None)
+        events = stages.rank_events(store, rank)
+        for column in schema.COLUMNS:
+            if column != "rank":
+                assert events[column].equals(expected[column]), column
+        assert set(events["rank"].tolist()) == {rank}
+        return inode, links
+
+    cold = events_of(DiskStore(tmp_path / "cold"), 1)
+    [cached] = list(cache.rglob("part-0.arrow"))
+    assert cold == (_inode(cached), 2)  # the cache's file, linked
+    warm = events_of(DiskStore(tmp_path / "warm"), 2)
+    assert warm[0] == _inode(cached) and warm[1] == 3  # a cache hit: linked again, nothing decoded or written
+
+    def no_link(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    copied = events_of(DiskStore(tmp_path / "copied"), 3)
+    assert copied[0] != _inode(cached) and copied[1] == 1
+    monkeypatch.undo()
+    monkeypatch.setenv("PROFKIT_CACHE", "0")
+    written = events_of(DiskStore(tmp_path / "uncached"), 4)
+    assert written[1] == 1
+
+
+def _prepare_facts(p, clock) -> tuple:
+    return p.rank, p.n_events, p.markers, clock.rank, clock.window, clock.warnings
+
+
+def test_the_read_task_prepares_a_one_part_file_and_the_prepare_stage_adopts_it_only_as_its_rank(tmp_path, monkeypatch):
+    """A file of one part that names its rank is prepared inside its read task; the prepare stage
+    adopts that (moving its tables to the rank's keys) where the part alone became that rank, and
+    prepares the rank as usual where the resolution made the part another rank. Either way the
+    facts are those of a plain prepare of the same rank."""
+    import pandas as pd
+
+    from profkit.analyze.pipeline import prepare_ranks
+    from profkit.ingest.loader import Capture
+
+    monkeypatch.setenv("PROFKIT_CACHE", "0")
+    ex = stages.SerialExecutor()
+    no_capture = Capture(events=schema.empty_frame(), parts=pd.DataFrame(), meta={}, skipped=[], warnings=[])  # align=False: unread
+
+    def read(store, prepare: bool):
+        out = stages.read_file_task(0, str(TRACE), None, store, None, prepare)
+        [info] = out.parts
+        return info, out.prepared
+
+    def plain(rank: int):
+        store = DiskStore(tmp_path / f"plain-{rank}")
+        info, prepared = read(store, False)
+        assert prepared == {}
+        p = stages.prepare_task(rank, [info.store_key], store, None)
+        cands = store.get(stages.candidates_key(rank))
+        store.close()
+        return p, cands
+
+    def files(store) -> list[str]:
+        return sorted(x.name for x in store.root.iterdir())
+
+    store = DiskStore(tmp_path / "adopted")
+    info, prepared = read(store, True)
+    spec = prepared[info.store_key]
+    named, clock = spec.rank, spec.clock  # the rank the trace names; its clock facts (the driver drops them)
+    [p], _ = prepare_ranks(no_capture, {named: [info.store_key]}, store, ex, None, align=False, prepared=prepared)
+    assert p is spec  # adopted: not prepared twice
+    assert files(store) == sorted([f"{stages.events_key(named)}.arrow", f"{stages.candidates_key(named)}.arrow"])
+    ref, ref_cands = plain(named)
+    assert _prepare_facts(p, clock) == _prepare_facts(ref, ref.clock)
+    assert clock.sources.equals(ref.clock.sources) and clock.candidates.equals(ref.clock.candidates)
+    assert store.get(stages.candidates_key(named)).equals(ref_cands)
+    assert p.span_facts.equals(ref.span_facts) and p.span_samples.equals(ref.span_samples)
+    assert stages.rank_events(store, named).equals(stages.rank_events(_stored(tmp_path / "events", named), named))
+
+    other = named + 5  # the resolution gave the part another rank: prepared again, as that rank
+    store = DiskStore(tmp_path / "not-adopted")
+    info, prepared = read(store, True)
+    [p], _ = prepare_ranks(no_capture, {other: [info.store_key]}, store, ex, None, align=False, prepared=prepared)
+    ref, ref_cands = plain(other)
+    assert p is not prepared[info.store_key] and (p.rank, p.n_events, p.markers) == (other, ref.n_events, ref.markers)
+    assert store.get(stages.candidates_key(other)).equals(ref_cands)
+    assert files(store) == sorted([f"{stages.events_key(other)}.arrow", f"{stages.candidates_key(other)}.arrow"])
+
+
+def _stored(root: Path, rank: int) -> DiskStore:
+    """The rank's events as the prepare stage stores them without a read task's help."""
+    store = DiskStore(root)
+    [info] = stages.read_file_task(0, str(TRACE), None, store).parts
+    stages.prepare_task(rank, [info.store_key], store, None)
+    return store

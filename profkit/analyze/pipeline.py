@@ -61,14 +61,16 @@ def analyze_capture(capture: Capture, step_pattern: str | None = None,
 
 def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
                expert_loads: pd.DataFrame | None, keep_aligned: bool = False, stats: list | None = None,
-               progress: Callable[[str], None] | None = None) -> Analysis:
+               progress: Callable[[str], None] | None = None, prepared: dict | None = None) -> Analysis:
+    """The maps and reduces of ``stages`` over the ranks in ``keys`` (rank -> its parts' store keys);
+    ``prepared``: parts the read tasks prepared already (``stages.read_file_task``)."""
     say = progress or (lambda msg: None)
     stats = list(stats or [])
     ranks = sorted(keys)
     labels = [f"rank {r}" for r in ranks]
     _warm_up_replay(capture)
     # map 1 + reduce: clocks and the step marker
-    prep, alignment = prepare_ranks(capture, keys, store, ex, step_pattern)
+    prep, alignment = prepare_ranks(capture, keys, store, ex, step_pattern, prepared=prepared)
     stats += [p.stats for p in prep]
     if alignment is not None and not keep_aligned:
         alignment.instances = None  # the raw-clock instances; the aligned ones are matched again below
@@ -186,16 +188,26 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
 
 
 def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
-             align: bool = True) -> tuple[list, Alignment | None]:
+                  align: bool = True, prepared: dict | None = None) -> tuple[list, Alignment | None]:
     """Map 1 (each rank's events joined in the store, its clock facts) and the alignment over
     them (None: not asked for, or no rank has events). The parts and the matched candidates are
-    released: the driver keeps only what the next stages need."""
+    released: the driver keeps only what the next stages need.
+
+    ``prepared``: by part store key, what a read task prepared of a file of one part, as the rank
+    the file names; adopted where that part alone became that rank (its tables are moved to the
+    rank's keys), the rank prepared as usual otherwise."""
     ranks = sorted(keys)
-    prep = ex.map(stages.prepare_task, [(r, keys[r], store, step_pattern) for r in ranks],
+    prepared = prepared or {}
+    adopted = {r: prepared[keys[r][0]] for r in ranks
+               if len(keys[r]) == 1 and keys[r][0] in prepared and prepared[keys[r][0]].rank == r}
+    prep = ex.map(stages.prepare_task, [(r, keys[r], store, step_pattern, r in adopted) for r in ranks],
                   [f"rank {r}" for r in ranks])
+    prep = [adopted.get(p.rank, p) for p in prep]
     for part_keys in keys.values():
         for k in part_keys:
             store.drop(k)
+    for k in prepared:  # what was prepared as a rank the resolution did not make it
+        store.drop(stages.prepared_candidates_key(k))
     clocks = [p.clock for p in prep if p.clock is not None]
     alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if align and clocks else None
     del clocks

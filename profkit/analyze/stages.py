@@ -1,7 +1,9 @@
 """The analysis as maps over files and ranks and reduces over small cross-rank tables.
 
-    read_file_task (per file)  -> part descriptors; each part's table in the store
+    read_file_task (per file)  -> part descriptors; each part's table in the store; a file of one
+                                  part that names its rank is prepared there too (as prepare_task)
     prepare_task   (per rank)  -> clock facts (source offsets, collective candidates), step markers
+                                  (for a rank read task prepared: its tables moved to the rank's keys)
     reduce: the alignment (``align.estimate_from_ranks``) and the step marker of all ranks
     rank_task      (per rank)  -> steps, GPU timeline, aligned collective candidates, extents,
                                   tokens; charged intervals and timeline pieces kept in the store
@@ -49,7 +51,7 @@ from profkit.collectives.candidates import collective_candidates
 from profkit.collectives.syncpoints import shared_context, span_facts
 from profkit.errors import ScaleError, TraceError
 from profkit.ingest.cache import table_with_rank
-from profkit.analyze.store import arrow_frame_table
+from profkit.analyze.store import arrow_frame_table, table_to_frame
 
 KILL_ENV = "PROFKIT_TEST_KILL_TASK"  # tests only: "stage:rank[:flagfile]" makes that task's process die
 
@@ -137,10 +139,18 @@ class FileResult:
     parts: list[PartInfo] = field(default_factory=list)
     skipped: str | None = None
     stats: TaskStats | None = None
+    # by part store key: the part prepared as the rank its file names (``prepare_task`` adopts it
+    # when the driver's rank resolution agrees; otherwise the rank is prepared as usual)
+    prepared: dict[str, "PrepareResult"] = field(default_factory=dict)
 
 
-def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, store) -> FileResult:
-    """Read one trace file (through the parsed-trace cache) and keep each part's table in the store."""
+def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, store, step_pattern: str | None = None,
+                   prepare: bool = False) -> FileResult:
+    """Read one trace file (through the parsed-trace cache) and keep each part's table in the store.
+
+    ``prepare``: a file of one part that names its rank (the common case: a rank's Kineto trace) is
+    also prepared here, as the rank it names, while its table is in memory: the prepare stage
+    would read it back from the store (and wait for every file to be read first)."""
     from profkit.ingest.loader import part_gpu_events, part_pids, read_file
 
     t0 = _clock()
@@ -159,14 +169,27 @@ def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, st
     n = 0
     for j, part in enumerate(parts):
         key = f"part-{index}-{j}"
-        store.put_table(key, arrow_frame_table(part.table))  # readable as the rank's events as it is
+        if not (part.cache_file and store.put_file(key, part.cache_file)):  # the cache's file is the table
+            store.put_table(key, arrow_frame_table(part.table))  # readable as the rank's events as it is
         n += part.table.num_rows
         out.parts.append(PartInfo(path=part.path, source=part.source, rank=part.rank, rank_origin=part.rank_origin,
                                   key=part.key, meta=part.meta, warnings=list(part.warnings),
                                   gpu_events=part_gpu_events(part), pids=part_pids(part),
                                   n_events=part.table.num_rows, store_key=key))
     out.stats = _stats("read", None, t0, n)
+    if prepare and len(parts) == 1 and parts[0].rank is not None:
+        t1, rank, key = _clock(), int(parts[0].rank), out.parts[0].store_key
+        events = _with_rank(_one_chunk(table_to_frame(arrow_frame_table(parts[0].table))), rank)
+        del parts
+        done = _prepare_events(rank, events, store, step_pattern, prepared_candidates_key(key))
+        done.stats = _stats("prepare", rank, t1, done.n_events)
+        out.prepared[key] = done
     return out
+
+
+def prepared_candidates_key(part_key: str) -> str:
+    """Where a read task keeps the candidates of the part it prepared, until ``prepare_task`` adopts them."""
+    return f"candidates-{part_key}"
 
 
 # ---- stage 1: per rank, before alignment ------------------------------------------------------
@@ -177,7 +200,11 @@ def events_key(rank: int) -> str:
 def rank_events(store, rank: int, columns: list[str] | None = None) -> pd.DataFrame:
     """The rank's events from the store, with its rank column filled (a single part is stored as the
     reader made it, before ranks were resolved)."""
-    events = _one_chunk(store.get(events_key(rank), columns))
+    return _with_rank(_one_chunk(store.get(events_key(rank), columns)), rank)
+
+
+def _with_rank(events: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """The rank column filled (a part is stored as the reader made it, before ranks were resolved)."""
     if "rank" in events.columns and len(events) and events["rank"].hasnans:
         events = events.assign(rank=pd.array(np.full(len(events), rank, dtype=np.int32),
                                              dtype=pd.ArrowDtype(pa.int32())))
@@ -215,10 +242,22 @@ class PrepareResult:
     span_samples: pd.DataFrame | None = None
 
 
-def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | None) -> PrepareResult:
-    """Join the rank's parts into its event table (kept in the store) and take its clock facts."""
+def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | None,
+                 adopt: bool = False) -> PrepareResult:
+    """Join the rank's parts into its event table (kept in the store) and take its clock facts.
+
+    ``adopt``: the read task prepared the rank's one part already (``read_file_task``): its table
+    and candidates are moved to the rank's keys, and the result (without clock facts: the driver
+    holds the read task's) only says so."""
     t0 = _clock()
     _maybe_die("prepare", rank)
+    if adopt:
+        [key] = part_keys
+        moved = store.rename(key, events_key(rank)) or store.has(events_key(rank))  # a retried task: moved
+        if not moved:
+            raise ScaleError(f"rank {rank}: its events (part {key!r}) are not in the store")
+        store.rename(prepared_candidates_key(key), candidates_key(rank))  # none for a rank without events
+        return PrepareResult(rank=rank, clock=None, markers={}, n_events=0)
     if len(part_keys) == 1 and (store.rename(part_keys[0], events_key(rank)) or store.has(events_key(rank))):
         # one part (the common case): it is the rank's events as stored (rank column left null:
         # ``rank_events`` fills it); a retried task finds it already moved
@@ -229,15 +268,21 @@ def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | Non
         store.put(events_key(rank), events)  # the parts are dropped by the driver: a retried task reads them again
     else:
         events = rank_events(store, rank)
+    out = _prepare_events(rank, events, store, step_pattern, candidates_key(rank))
+    out.stats = _stats("prepare", rank, t0, len(events))
+    return out
+
+
+def _prepare_events(rank: int, events: pd.DataFrame, store, step_pattern: str | None,
+                    candidates_at: str) -> PrepareResult:
+    """The rank's clock facts, step markers and span facts; its candidates kept in the store."""
     with shared_context(events):  # the candidates' sync points and the span facts read one thread context
         clock = prepare_rank(events) if len(events) else None
         facts, samples = span_facts(events, marker_regex(step_pattern)) if len(events) else (None, None)
     if clock is not None:
-        store.put(candidates_key(rank), clock.candidates)  # reused on the common clock by rank_task
-    out = PrepareResult(rank=rank, clock=clock, markers=step_marker_facts(events, step_pattern), n_events=len(events),
-                        span_facts=facts, span_samples=samples)
-    out.stats = _stats("prepare", rank, t0, len(events))
-    return out
+        store.put(candidates_at, clock.candidates)  # reused on the common clock by rank_task
+    return PrepareResult(rank=rank, clock=clock, markers=step_marker_facts(events, step_pattern), n_events=len(events),
+                         span_facts=facts, span_samples=samples)
 
 
 # ---- stage 2: per rank, on the common clock ---------------------------------------------------

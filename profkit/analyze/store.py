@@ -9,6 +9,7 @@ multi-report recipes.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,7 +19,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.feather as feather
 
-_KINDS_KEY = b"profkit.columns"
+from profkit import schema
+
+_KINDS_KEY = schema.FRAME_KINDS_KEY
 
 
 def _column_kinds(frame: pd.DataFrame) -> dict[str, str]:
@@ -47,9 +50,7 @@ def arrow_frame_table(table: pa.Table) -> pa.Table:
     """An Arrow table (e.g. a reader's event table) marked so ``table_to_frame`` gives every column an
     ``ArrowDtype``, as ``frame_to_table`` of its ``schema.to_frame`` would: a part stored this way can
     be read back as a frame without converting it in between."""
-    meta = dict(table.schema.metadata or {})
-    meta[_KINDS_KEY] = json.dumps({name: "arrow" for name in table.column_names}).encode()
-    return table.replace_schema_metadata(meta)
+    return schema.as_arrow_frame(table)
 
 
 def table_to_frame(table: pa.Table) -> pd.DataFrame:
@@ -98,6 +99,9 @@ class MemoryStore:
     def get_table(self, key: str) -> pa.Table:
         return self._tables[key]
 
+    def put_file(self, key: str, path: str | Path) -> bool:  # noqa: ARG002 - the caller puts the table
+        return False
+
     def drop(self, key: str) -> None:
         self._frames.pop(key, None)
         self._tables.pop(key, None)
@@ -142,8 +146,29 @@ class DiskStore:
     def put_table(self, key: str, table: pa.Table) -> None:
         path = self._path(key)
         tmp = path.with_suffix(".partial")
-        feather.write_feather(table, tmp, compression="lz4")
+        # one record batch: read back, every column is one chunk, which the tasks' many row takes
+        # of string columns want (``stages._one_chunk`` would combine the chunks after each read)
+        table = table.combine_chunks()
+        feather.write_feather(table, tmp, compression="lz4", chunksize=max(table.num_rows, 1))
         tmp.replace(path)  # a reader never sees half a file, a retried task overwrites cleanly
+
+    def put_file(self, key: str, path: str | Path) -> bool:
+        """Hold the Arrow file at ``path`` (one ``put_table`` wrote, or the parsed-trace cache's) under
+        ``key``: a hard link where the folders share a file system, else a copy of its bytes, never
+        decoded and written again. False when neither works (the caller puts the table)."""
+        dest = self._path(key)
+        tmp = dest.with_suffix(".partial")
+        tmp.unlink(missing_ok=True)
+        try:
+            try:
+                os.link(path, tmp)
+            except OSError:  # another file system, or links not allowed: the bytes
+                shutil.copyfile(path, tmp)
+            tmp.replace(dest)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            return False
+        return True
 
     def get_table(self, key: str, columns: list[str] | None = None) -> pa.Table:
         return feather.read_table(self._path(key), columns=list(columns) if columns is not None else None,

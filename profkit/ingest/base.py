@@ -25,6 +25,9 @@ class RankPart:
     key: str = ""
     meta: dict[str, Any] = field(default_factory=dict)  # JSON-safe facts (clock anchors, devices, pids)
     warnings: list[str] = field(default_factory=list)
+    # the parsed-trace cache's Arrow file holding exactly ``table`` (``ingest.cache``), None when not
+    # cached: a scale run's store links it instead of encoding and writing the table again
+    cache_file: str | None = None
 
     @property
     def label(self) -> str:

@@ -27,7 +27,7 @@ import pyarrow.feather as feather
 from profkit import schema
 from profkit.ingest.base import RankPart
 
-READER_VERSION = 2  # 2: Arrow IPC entries (1: Parquet)
+READER_VERSION = 3  # 3: one record batch, marked for the scale store (2: Arrow IPC, 1: Parquet)
 _META_KEY = b"profkit.part"
 
 
@@ -74,8 +74,9 @@ def load(path: Path, options: dict | None = None) -> list[RankPart] | None:
             if stored and stored != given:
                 info["path"] = given
                 info["warnings"] = [w.replace(stored, given) for w in info.get("warnings") or []]
+            file = entry / f"part-{i}.arrow"
             table = table.replace_schema_metadata(None).cast(schema.ARROW_SCHEMA)
-            parts.append(RankPart(table=table, **info))
+            parts.append(RankPart(table=table, cache_file=str(file), **info))
         return parts
     except Exception:  # a damaged cache entry is a miss, never an error
         shutil.rmtree(entry, ignore_errors=True)
@@ -102,12 +103,18 @@ def store(path: Path, parts: list[RankPart], options: dict | None = None) -> Non
                 "meta": part.meta,
                 "warnings": part.warnings,
             }
-            table = part.table.replace_schema_metadata({_META_KEY: json.dumps(info, default=str).encode()})
-            feather.write_feather(table, tmp / f"part-{i}.arrow", compression="lz4")
+            # one record batch, marked as the scale store marks an event table: the store can link
+            # this file as the part's table (``DiskStore.put_file``), and every column reads back in
+            # one chunk, which the analysis's row takes of string columns want
+            table = schema.as_arrow_frame(part.table.combine_chunks(),
+                                          {_META_KEY: json.dumps(info, default=str).encode()})
+            feather.write_feather(table, tmp / f"part-{i}.arrow", compression="lz4", chunksize=max(table.num_rows, 1))
         (tmp / "parts.json").write_text(json.dumps({"n_parts": len(parts)}))
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
+        for i, part in enumerate(parts):
+            part.cache_file = str(entry / f"part-{i}.arrow")
     except OSError:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -26,15 +26,19 @@ from profkit.scale.executors import make_executor
 SMALL_CAPTURE_BYTES = 64 << 20  # below this, the default pool runs in-process (unless --workers is given)
 
 
-def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say) -> tuple[Capture, dict[int, list[str]], list]:
-    """Map over files: read each (cache), resolve ranks over the part descriptors."""
+def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say, step_pattern: str | None = None
+          ) -> tuple[Capture, dict[int, list[str]], list, dict]:
+    """Map over files: read each (cache), resolve ranks over the part descriptors. Returns the capture
+    without events, each rank's part keys, the tasks' stats and the parts the read tasks prepared."""
     scanned.build_for(files, say)  # here, once, before the workers start
     say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
     read = ex.map(stages.read_file_task,
-                  [(i, str(f), rank_map.pids_for_file(f) or None, store) for i, f in enumerate(files)],
+                  [(i, str(f), rank_map.pids_for_file(f) or None, store, step_pattern, True) for i, f in enumerate(files)],
                   [f"file {f}" for f in files])
-    parts = []
+    parts, prepared = [], {}
     for r in read:
+        prepared.update(r.prepared)
+        r.prepared = None
         if r.skipped:
             skipped.append(r.skipped)
         parts.extend(r.parts)
@@ -50,7 +54,7 @@ def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say) -> tu
         keys.setdefault(int(p.rank), []).append(p.store_key)
     capture = _capture_of(kept, skipped, warnings)
     capture.unranked = unranked
-    return capture, keys, [r.stats for r in read]
+    return capture, keys, [r.stats for r in read], prepared
 
 
 def _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch):
@@ -92,9 +96,9 @@ def analyze_paths(
     t_start = time.perf_counter()
     files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
     try:
-        capture, keys, stats = _read(files, skipped, rank_map, store, ex, say)
+        capture, keys, stats, prepared = _read(files, skipped, rank_map, store, ex, say, step_pattern)
         analysis = run_stages(capture, keys, store, ex, step_pattern, expert_loads, keep_aligned=keep_aligned,
-                              stats=stats, progress=say)
+                              stats=stats, progress=say, prepared=prepared)
     finally:
         ex.close()
         if not keep_aligned:
@@ -144,10 +148,10 @@ def merge_paths(
     say = progress or (lambda msg: None)
     files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
     try:
-        capture, keys, _ = _read(files, skipped, rank_map, store, ex, say)
+        capture, keys, _, prepared = _read(files, skipped, rank_map, store, ex, say)
         if not keys:
             return None, capture
-        prep, alignment = prepare_ranks(capture, keys, store, ex, None, align=align)
+        prep, alignment = prepare_ranks(capture, keys, store, ex, None, align=align, prepared=prepared)
         ex.close()  # the merge itself runs here, one rank at a time: the workers are done
         with_events = [p.rank for p in prep if p.n_events]
         result = merge_ranks(StoreSource(store, capture, with_events), out_path, alignment=alignment,
