@@ -81,12 +81,13 @@ _CATS = ["kernel", "cuda_runtime", "cpu_op", "user_annotation", "gpu_memcpy", "g
 def _value(rng: random.Random, kinds: str) -> object:
     """A random arg value: i int, n null, s string, o odd (float, bool, list, nested object)."""
     k = rng.choice(kinds)
-    if k == "i":
-        return rng.choice([0, 3, 7, 12, 2**40, -1])
+    if k == "i":  # 10**18 - 1: the longest the scanner reads; x 16 bytes (ComplexDouble) is beyond int64
+        return rng.choice([0, 3, 7, 12, 2**40, -1, 10**18 - 1])
     if k == "n":
         return None
-    if k == "s":
-        return rng.choice(["allreduce", "_allgather_base", "all_to_all", "Float", "c10::BFloat16", "0", "12", "x"])
+    if k == "s":  # "_" names no collective (a kernel's name does)
+        return rng.choice(["allreduce", "_allgather_base", "all_to_all", "Float", "c10::BFloat16", "0", "12", "x",
+                           "_", "ComplexDouble"])
     return rng.choice([1.5, True, [1, 2], {"a": [1, {"b": None}]}, "esc\\u00e9"])
 
 
@@ -148,6 +149,56 @@ def test_random_events_of_the_scanned_shapes_read_as_typed(tmp_path, monkeypatch
             assert count["scanned"] >= 5 * count["declined"], count
     assert native.table.num_rows > 2000
     assert native.table["coll_name"].null_count < native.table.num_rows
+
+
+def _row(cat: str, name: str, args: dict) -> str:
+    return json.dumps({"ph": "X", "cat": cat, "name": name, "ts": 1.5, "dur": 2, "pid": 7, "tid": 1, "args": args})
+
+
+# (cat, name, args) -> (coll_name, coll_group, coll_seq, bytes): each branch of the collective columns
+_COLL_ROWS = [
+    (("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", {"device": 0, "Collective name": None, "Seq": 5,
+      "Sequence number": 9, "In msg nelems": 10, "dtype": "Float", "Process Group Name": "0"}),
+     ("all_reduce", "0", 5, 40)),  # the kernel names it; Seq first
+    (("kernel", "ncclDevKernel_AllGather_RING_LL", {"Collective name": "_", "Seq": None, "Sequence number": 3,
+      "In msg nelems": 4}), ("all_gather", None, 3, None)),  # no dtype: no bytes
+    (("kernel", "gemm", {"Collective name": None, "In msg nelems": 4, "dtype": "Half"}), (None, None, None, 8)),
+    (("cpu_op", "record_param_comms", {"Collective name": "_allgather_base", "In msg nelems": 10**18 - 1,
+      "dtype": "c10::ComplexDouble"}), ("all_gather", None, None, None)),  # beyond int64
+    (("cpu_op", "record_param_comms", {"Collective name": "allreduce", "In msg nelems": -3, "dtype": "Weird",
+      "Sequence number": 7, "Seq": None}), ("all_reduce", None, 7, None)),  # an unknown dtype
+    (("cpu_op", "record_param_comms", {"Collective name": "broadcast", "In msg nelems": 10**17, "dtype": "Long",
+      "Seq": 10**18 - 1}), ("broadcast", None, 10**18 - 1, 8 * 10**17)),
+    (("cuda_runtime", "cudaLaunchKernel", {"correlation": 3, "Collective name": "allreduce", "Seq": 1}),
+     (None, None, None, None)),  # neither a GPU nor a host row
+    (("python_function", "f", {"Collective name": "allreduce", "bytes": 8}), (None, None, None, None)),
+    (("gpu_memcpy", "Memcpy HtoD", {"device": 0, "bytes": 4096}), (None, None, None, 4096)),
+    (("gpu_memcpy", "Memcpy HtoD", {"device": 0, "bytes": None}), (None, None, None, None)),
+    (("kernel", "ncclKernel_SendRecv_RING", {"device": 0, "bytes": 12}), ("send_recv", None, None, None)),
+    (("kernel", "ncclDevKernel_Broadcast_RING_LL", {"device": 0}), ("broadcast", None, None, None)),
+    (("kernel", "rcclKernel_Generic", {"device": 0}), (None, None, None, None)),
+    (("cpu_op", "aten::copy_", {"bytes": 5}), (None, None, None, None)),  # bytes of host rows are not read
+    (("gpu_user_annotation", "nccl:all_to_all", {"device": 0, "Collective name": "alltoall",
+      "Process Group Name": "pg1", "Sequence number": 2}), ("all_to_all", "pg1", 2, None)),
+    (("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", {"device": 0, "Collective name": "allreduce",
+      "Seq": "12", "In msg nelems": 2.0, "dtype": "Float"}), ("all_reduce", None, 12, 8)),  # odd: decoded alone
+    (("gpu_memcpy", "Memcpy DtoD", {"device": 0, "bytes": "64"}), (None, None, None, 64)),  # odd too
+]
+
+
+def test_each_branch_of_the_collective_columns_reads_as_typed(tmp_path, monkeypatch, kernel):
+    """The collective and bytes columns of a scanned piece (worked out per distinct value, with masks)
+    against the typed reader's, row by row, for each branch: Seq before Sequence number, nelems x the
+    dtype's size (no dtype, an unknown one, beyond int64), a kernel's name where the args name no
+    collective, GPU-only bytes, rows that are neither GPU nor host, odd rows decoded alone."""
+    rows = [_row(*event) for event, _ in _COLL_ROWS] * 3
+    path = tmp_path / "colls.json"
+    path.write_text('{"traceEvents": [' + ", ".join(rows) + "]}", encoding="utf-8")
+    native, typed, count = read_scanned_and_typed(path, monkeypatch, 1 << 20)
+    assert count == {"scanned": 1, "declined": 0}
+    assert_same(native, typed)
+    table = native.table.select(["coll_name", "coll_group", "coll_seq", "bytes"]).to_pylist()
+    assert [tuple(row.values()) for row in table] == [want for _, want in _COLL_ROWS] * 3
 
 
 def _piece(events: list[str]) -> bytearray:

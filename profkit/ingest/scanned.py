@@ -74,17 +74,22 @@ _INT_ARGS = (A_BYTES, A_SEQ, A_SEQNUM, A_NELEMS)
 @dataclass
 class CollArgs:
     """The collective args (and ``bytes``) of a piece's RARE rows, as ``typedjson.TraceArgs`` holds
-    them: None where null or missing (``*_present`` tell the two apart where it matters)."""
+    them, one array per arg (the reader works on them per distinct value, not per row): text args
+    null where null or missing, integer args valid where ``has_*`` (``*_present`` tell null from
+    missing where it matters)."""
 
-    rows: list[int]
-    coll_present: list[bool]
-    coll: list[str | None]
-    bytes_present: list[bool]
-    nbytes: list[int | None]
-    group: list[str | None]
-    seq: list[int | None]  # ``Seq``, else ``Sequence number``
-    nelems: list[int | None]
-    dtype: list[str | None]
+    rows: np.ndarray  # int64
+    coll_present: np.ndarray  # bool, as each of the masks
+    coll: pa.StringArray
+    bytes_present: np.ndarray
+    nbytes: np.ndarray  # int64, as each of the integer args
+    has_nbytes: np.ndarray
+    group: pa.StringArray
+    seq: np.ndarray  # ``Seq``, else ``Sequence number``
+    has_seq: np.ndarray
+    nelems: np.ndarray
+    has_nelems: np.ndarray
+    dtype: pa.StringArray
 
 
 @dataclass
@@ -198,15 +203,17 @@ def decoder(size_bytes: int | None = None) -> Callable[[Any], Any] | None:
     return decode
 
 
-def _strings(b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.StringArray:
-    """The spans as an Arrow string array; raises ArrowInvalid if one is not UTF-8."""
+def _strings(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, valid: np.ndarray | None = None) -> pa.StringArray:
+    """The spans as an Arrow string array (null where not ``valid``); raises ArrowInvalid if one
+    is not UTF-8."""
     starts = np.ascontiguousarray(starts)
     ends = np.ascontiguousarray(ends)
     offsets = np.zeros(len(starts) + 1, np.int64)
     np.cumsum(ends - starts, out=offsets[1:])
     data = np.empty(int(offsets[-1]), np.uint8)
     _KERNEL["gather"](b, starts, ends, data)
-    out = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    out = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data), bitmap)
     out.validate(full=True)
     return out
 
@@ -271,21 +278,22 @@ def _coll_args(b: np.ndarray, rare: np.ndarray) -> tuple[CollArgs, np.ndarray]:
     kinds, first, second = rare[1::3], rare[2::3], rare[3::3]  # (N_COLL_ARGS x rare rows) each
     odd = (kinds == V_ODD).any(axis=0)
     odd |= (kinds[list(_TEXT_ARGS)] == V_INT).any(axis=0) | (kinds[list(_INT_ARGS)] == V_STRING).any(axis=0)
-    keep = ~odd
-    kinds, first, second = kinds[:, keep], first[:, keep], second[:, keep]
+    kept = ~odd if odd.any() else slice(None)  # views if none is left out: each column below is new
+    kinds, first, second = kinds[:, kept], first[:, kept], second[:, kept]
 
-    def text(slot: int) -> list[str | None]:
+    def text(slot: int) -> pa.StringArray:
         is_text = kinds[slot] == V_STRING
         if not is_text.any():
-            return [None] * int(keep.sum())
-        values = _strings(b, np.where(is_text, first[slot], 0), np.where(is_text, second[slot], 0)).to_pylist()
-        return [v if t else None for v, t in zip(values, is_text.tolist())]
+            return pa.nulls(len(is_text), pa.string())
+        return _strings(b, np.where(is_text, first[slot], 0), np.where(is_text, second[slot], 0), is_text)
 
-    def integer(slot: int) -> list[int | None]:
-        return [v if k == V_INT else None for v, k in zip(first[slot].tolist(), kinds[slot].tolist())]
+    def integer(slot: int) -> tuple[np.ndarray, np.ndarray]:
+        is_int = kinds[slot] == V_INT
+        return np.where(is_int, first[slot], 0), is_int
 
-    seq = [a if a is not None else c for a, c in zip(integer(A_SEQ), integer(A_SEQNUM))]
-    colls = CollArgs(rare[0, keep].tolist(), (kinds[A_COLL] != V_MISSING).tolist(), text(A_COLL),
-                     (kinds[A_BYTES] != V_MISSING).tolist(), integer(A_BYTES), text(A_GROUP), seq,
-                     integer(A_NELEMS), text(A_DTYPE))
+    seq, has_seq = integer(A_SEQ)
+    seq_number, has_seq_number = integer(A_SEQNUM)
+    colls = CollArgs(rare[0, kept].copy(), kinds[A_COLL] != V_MISSING, text(A_COLL), kinds[A_BYTES] != V_MISSING,
+                     *integer(A_BYTES), text(A_GROUP), np.where(has_seq, seq, seq_number), has_seq | has_seq_number,
+                     *integer(A_NELEMS), text(A_DTYPE))
     return colls, rare[0, odd]

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from profkit import schema as S
 from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel, dtype_bytes, normalize_coll_name
-from profkit.ingest.scanned import (F_CORR_NULL, F_DEV_NULL, F_PID_NULL, F_STREAM_NULL, F_TID_NULL,
+from profkit.ingest.scanned import (F_CORR_NULL, F_DEV_NULL, F_PID_NULL, F_STREAM_NULL, F_TID_NULL, CollArgs,
                                     ScannedPiece)
 from profkit.ingest.typedjson import FLOW_TYPES, UNSET, TraceArgs, TraceEvent, event_dict, is_typed
 
@@ -69,6 +69,7 @@ def _cached(cache: dict, key: str, compute: Callable[[str], Any]) -> Any:
         got = cache[key] = compute(key)
     return got
 _NCCL_PREFIXES = ("nccl", "rccl")
+_NCCL_WORDS = tuple(int.from_bytes(prefix.encode(), "little") for prefix in _NCCL_PREFIXES)  # as 4-byte words
 # branches of the hot loop (compared by identity)
 _HOST, _RUNTIME, _GPU, _FRAME = "host", "runtime", "gpu", "frame"
 _GROUPS = (_HOST, _RUNTIME, _GPU, _FRAME)
@@ -223,56 +224,59 @@ class EventColumns:
                                     memory_pool=POOL),
         }
         rare = np.zeros(n, bool)
+        rare[p.odd_rows] = True
+        rare[p.colls.rows] = True
         gpu_host = gpu | (group == _GROUPS.index(_HOST))
         for row, e in zip(p.odd_rows.tolist(), p.odd_events):
-            rare[row] = True
             if gpu_host[row]:
                 self._coll_event(row, e, specs[at[row]][0], bool(gpu[row]))
-        c = p.colls
-        if c.rows:
-            rare[c.rows] = True
-            self._coll_scanned(c, [specs[k][0] for k in at[c.rows].tolist()], gpu[c.rows].tolist(),
-                               gpu_host[c.rows].tolist(), p.names)
-        nccl = gpu & is_kernel & ~rare
-        if nccl.any():
-            nccl &= pc.or_(pc.starts_with(p.names, "nccl"), pc.starts_with(p.names, "rccl")).to_numpy(zero_copy_only=False)
-            names = p.names
-            for row in np.flatnonzero(nccl).tolist():
-                self._kernel_coll(row, names[row].as_py())
+        placed = self._coll_scanned(p.colls, p.names, is_kernel, gpu, gpu_host, rare)
         sparse = {"coll_name": self.coll_name, "coll_group": self.coll_group, "coll_seq": self.coll_seq, "bytes": self.nbytes}
         for column, typ in _SPARSE_COLUMNS:
-            batch[column] = _sparse(sparse[column], n, typ)
+            batch[column] = _merged(placed[column], sparse[column], n, typ)
         self._batches.append(batch)
         self._new_rows()
 
-    def _coll_scanned(self, c: Any, kinds: list[str], on_gpu: list[bool], gpu_host: list[bool],
-                      names: pa.StringArray) -> None:
-        """The collective and bytes columns of a scanned piece's RARE rows (``scanned.CollArgs``):
-        ``_rows_typed``'s branches for them, and ``_coll_typed``'s steps."""
-        for j, row in enumerate(c.rows):
-            if not gpu_host[j]:
-                continue
-            kind = kinds[j]
-            if c.coll_present[j]:
-                raw = c.coll[j]
-                name = None if raw is None else _cached(self._coll_names, raw, normalize_coll_name)
-                if name is None and kind == S.KERNEL:
-                    name = _cached(self._kernel_colls, names[row].as_py(), coll_from_kernel)
-                if name is not None:
-                    self.coll_name[row] = name
-                if c.group[j] is not None:
-                    self.coll_group[row] = c.group[j]
-                if c.seq[j] is not None:
-                    self.coll_seq[row] = c.seq[j]
-                nelems, dtype = c.nelems[j], c.dtype[j]
-                if nelems is not None and dtype is not None:
-                    size = _cached(self._dtype_sizes, dtype, dtype_bytes)
-                    if size is not None:
-                        self.nbytes[row] = nelems * size
-            elif on_gpu[j] and kind is S.KERNEL:
-                self._kernel_coll(row, names[row].as_py())
-            elif on_gpu[j] and c.bytes_present[j]:
-                self.nbytes[row] = c.nbytes[j]
+    def _coll_scanned(self, c: CollArgs, names: pa.StringArray, is_kernel: np.ndarray, gpu: np.ndarray,
+                      gpu_host: np.ndarray, rare: np.ndarray) -> dict[str, pa.Array | None]:
+        """The collective and bytes columns of a scanned piece but its odd rows (None: no value):
+        ``_rows_typed``'s branches and ``_coll_typed``'s steps as masks over the RARE rows
+        (``scanned.CollArgs``) and the NCCL kernels, with names and dtypes looked up once per
+        distinct string (row by row in Python, these columns cost a scanned piece more than all its others)."""
+        n = len(names)
+        rows = c.rows
+        kernel = is_kernel[rows]
+        coll = gpu_host[rows] & c.coll_present  # a collective's args
+        code, coll_names = _factorized(c.coll, normalize_coll_name, self._coll_names)
+        unnamed = np.array([name is None for name in coll_names], bool)[code]
+        # a kernel's name names its collective where its collective's args name none, or where it has no
+        # collective's args (RARE for ``bytes`` alone, or not RARE: the odd rows are read alone)
+        by_kernel = gpu & is_kernel & ~rare
+        by_kernel[rows[kernel & ((coll & unnamed) | (~c.coll_present & gpu[rows]))]] = True
+        kernel_rows = np.flatnonzero(by_kernel)
+        kernel_rows = kernel_rows[_nccl_named(names, kernel_rows)]
+        kernel_code, kernel_colls = _factorized(names.take(pa.array(kernel_rows)), coll_from_kernel, self._kernel_colls)
+        name_at = np.full(n, -1, np.int64)
+        name_at[rows[coll]] = code[coll]
+        name_at[kernel_rows] = len(coll_names) + kernel_code  # the kernel's over an unnamed collective's
+        arg_at = np.full(n, -1, np.int64)
+        arg_at[rows[coll]] = np.flatnonzero(coll)
+        return {"coll_name": _taken(pa.array(coll_names + kernel_colls, pa.string()), name_at),
+                "coll_group": _taken(c.group, arg_at),
+                "coll_seq": _ints(n, (rows[coll], c.seq[coll], c.has_seq[coll])),
+                "bytes": self._bytes_scanned(c, coll, kernel, gpu, n)}
+
+    def _bytes_scanned(self, c: CollArgs, coll: np.ndarray, kernel: np.ndarray, gpu: np.ndarray,
+                       n: int) -> pa.Array | None:
+        """``bytes`` of a scanned piece's RARE rows: a collective's ``In msg nelems`` x its dtype's size
+        (null beyond int64, as ``_sparse`` makes it), else a GPU row's ``bytes`` (not a kernel's)."""
+        code, sizes = _factorized(c.dtype, dtype_bytes, self._dtype_sizes)
+        known = np.array([size is not None for size in sizes], bool)[code]
+        size = np.array([size or 1 for size in sizes], np.int64)[code]  # (known sizes are positive)
+        product = c.nelems * size  # wraps beyond int64: caught by the division
+        fits = coll & known & c.has_nelems & (product // size == c.nelems)
+        plain = ~c.coll_present & gpu[c.rows] & ~kernel & c.bytes_present
+        return _ints(n, (c.rows[fits], product[fits], True), (c.rows[plain], c.nbytes[plain], c.has_nbytes[plain]))
 
     def _coll_event(self, row: int, e: Any, kind: str, on_gpu: bool) -> None:
         """The collective and bytes columns of one row of a scanned piece, from its event decoded
@@ -804,6 +808,61 @@ def _placed(rows: list[int], compact: pa.Array, n: int) -> pa.Array:
     valid = np.zeros(n, dtype=bool)
     valid[at] = True
     return pc.take(compact, pa.array(index, mask=~valid), memory_pool=POOL)
+
+
+def _factorized(values: pa.StringArray, compute: Callable[[str], Any], cache: dict) -> tuple[np.ndarray, list]:
+    """(each value's index in the list of results, ``compute`` of each distinct string, None for
+    null): a piece's collectives repeat a few names and dtypes, each computed once in ``cache``."""
+    if not len(values):
+        return np.zeros(0, np.int64), []
+    encoded = pc.dictionary_encode(values, null_encoding="encode", memory_pool=POOL)
+    results = [None if key is None else _cached(cache, key, compute) for key in encoded.dictionary.to_pylist()]
+    return encoded.indices.to_numpy(), results
+
+
+def _nccl_named(names: pa.StringArray, rows: np.ndarray) -> np.ndarray:
+    """Whether the names at ``rows`` start with ``nccl`` or ``rccl``, read off the array's buffers as
+    the 4 bytes at each name's start (a take of the names would copy them: most rows are kernels,
+    with long names; Arrow's starts_with would read every row's)."""
+    _, offsets, data = names.buffers()
+    bounds = np.frombuffer(offsets, np.int32, len(names) + 1, names.offset * 4)
+    start = bounds[rows]
+    named = bounds[rows + 1] - start >= 4
+    if not named.any():
+        return named
+    words = np.ndarray((data.size - 3,), "<u4", data, 0, (1,))  # the 4 bytes from each byte on
+    word = words[np.minimum(start, data.size - 4)]
+    return named & ((word == _NCCL_WORDS[0]) | (word == _NCCL_WORDS[1]))
+
+
+def _taken(values: pa.Array, index: np.ndarray) -> pa.Array | None:
+    """``values`` at ``index``, null where it is -1; None where every row is."""
+    missing = index < 0
+    if missing.all():
+        return None
+    return pc.take(values, pa.array(index, mask=missing), memory_pool=POOL)
+
+
+def _ints(n: int, *parts: tuple[np.ndarray, Any, Any]) -> pa.Array | None:
+    """An int64 column of ``n`` rows from (rows, values, valid) parts, null elsewhere; None where
+    no row is valid."""
+    values = np.zeros(n, np.int64)
+    valid = np.zeros(n, bool)
+    for rows, part, ok in parts:
+        values[rows] = part
+        valid[rows] = ok
+    if not valid.any():
+        return None
+    return pa.array(values, pa.int64(), mask=~valid, memory_pool=POOL)
+
+
+def _merged(placed: pa.Array | None, values: dict[int, Any], n: int, typ: pa.DataType) -> pa.Array:
+    """``placed`` (or nulls) with ``values`` (``_sparse``'s, from a scanned piece's odd rows) at
+    their rows: the two never share a row."""
+    if not values:
+        return pa.nulls(n, typ, memory_pool=POOL) if placed is None else placed
+    odd = _sparse(values, n, typ)
+    return odd if placed is None else pc.coalesce(placed, odd, memory_pool=POOL)
 
 
 def _sparse(values: dict[int, Any], n: int, typ: pa.DataType) -> pa.Array:
