@@ -10,6 +10,11 @@ is paid on every first look at a capture. Measured on a simulated rank of 389k e
 time, pyarrow 26): Parquet zstd 141 ms to write and 86 ms to read back (3.8 MB); Arrow IPC lz4
 50 ms and 38 ms (13.3 MB, about the size of the gzip'd JSON it replaces). Entries written by
 the Parquet versions (reader version 1) are simply not found (the key changed).
+
+Each part is one record batch, its schema marked as the scale store marks an event table
+(``schema.as_arrow_frame``): ``profkit.scale`` links the cache's file into its store as the
+part's table (``DiskStore.put_file``) rather than encoding and writing the table again, so a
+warm run decodes nothing in its read stage (reader version 3; older entries are not found).
 """
 from __future__ import annotations
 
