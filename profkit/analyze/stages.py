@@ -170,6 +170,7 @@ def read_file_task(index: int, path: str, pid_to_rank: dict[int, int] | None, st
     for j, part in enumerate(parts):
         key = f"part-{index}-{j}"
         if not (part.cache_file and store.put_file(key, part.cache_file)):  # the cache's file is the table
+            part.table = part.table.combine_chunks()  # once: the store's one batch, and the prepare below
             store.put_table(key, arrow_frame_table(part.table))  # readable as the rank's events as it is
         n += part.table.num_rows
         out.parts.append(PartInfo(path=part.path, source=part.source, rank=part.rank, rank_origin=part.rank_origin,

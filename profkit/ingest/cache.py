@@ -111,8 +111,8 @@ def store(path: Path, parts: list[RankPart], options: dict | None = None) -> Non
             # one record batch, marked as the scale store marks an event table: the store can link
             # this file as the part's table (``DiskStore.put_file``), and every column reads back in
             # one chunk, which the analysis's row takes of string columns want
-            table = schema.as_arrow_frame(part.table.combine_chunks(),
-                                          {_META_KEY: json.dumps(info, default=str).encode()})
+            part.table = part.table.combine_chunks()  # the same values; its later readers want one chunk too
+            table = schema.as_arrow_frame(part.table, {_META_KEY: json.dumps(info, default=str).encode()})
             feather.write_feather(table, tmp / f"part-{i}.arrow", compression="lz4", chunksize=max(table.num_rows, 1))
         (tmp / "parts.json").write_text(json.dumps({"n_parts": len(parts)}))
         if entry.exists():
