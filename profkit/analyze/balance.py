@@ -157,7 +157,7 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.D
         base[c] = pd.array(have, dtype="Int64")
     if base["num_tokens"].notna().all() or events is None or not len(events):
         return base[cols]
-    # the regex once per distinct name, and rows taken of the four columns read below only (a
+    # the regex once per distinct name, and rows taken of the three columns read below only (a
     # rank has hundreds of thousands of host rows and a few hundred distinct names)
     is_host = events["kind"].isin([schema.CPU_SPAN, schema.CPU_OP]).to_numpy(dtype=bool)
     codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
