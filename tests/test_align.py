@@ -339,3 +339,34 @@ def test_ranks_on_one_host_keep_their_shared_clock(tmp_path, monkeypatch):
     assert one_host({0: [{"host": "a"}], 1: [{"host": "a"}, {"path": "x.json"}]})
     assert not one_host({0: [{"host": "a"}], 1: [{"host": "b"}]})
     assert not one_host({0: [{"host": "a"}], 1: [{"path": "kineto.json"}]})  # rank 1's host unknown
+
+
+# ---- the estimate without its instances kept ---------------------------------------------------
+def _lean_vs_full(ev: pd.DataFrame) -> None:
+    """Matching only ``MATCH_INPUT_COLUMNS`` of the candidates gives the same instances (those
+    columns) and the same alignment as matching every column: what the scale path's estimate does."""
+    from profkit.align.estimate import estimate_from_ranks, prepare_rank
+    from profkit.collectives.instances import MATCH_INPUT_COLUMNS, instances_from_candidates
+
+    clocks = [prepare_rank(g) for _, g in ev.groupby("rank", sort=True, observed=True)]
+    cands = pd.concat([c.candidates for c in clocks if len(c.candidates)], ignore_index=True)
+    full = instances_from_candidates(cands, complete_only=False)
+    lean = instances_from_candidates(cands[MATCH_INPUT_COLUMNS], complete_only=False)
+    assert len(full) and lean.attrs["report"] == full.attrs["report"]
+    pd.testing.assert_frame_equal(lean, full[list(lean.columns)])
+    assert set(lean.columns) >= {"rank", "instance", "source_kind", "start_ns", "end_ns", "complete"}
+    kept, dropped = estimate_from_ranks(clocks), estimate_from_ranks(clocks, keep_instances=False)
+    assert dropped.instances is None and kept.instances is not None
+    pd.testing.assert_frame_equal(dropped.ranks, kept.ranks)
+    assert dropped.report == kept.report and dropped.warnings == kept.warnings
+
+
+@pytest.mark.parametrize("name", ["hta_2rank", "torch_clean", "nsys_clean"])
+def test_estimate_without_kept_instances_is_the_same_alignment(real, name):
+    _lean_vs_full(real[name][0])
+
+
+def test_estimate_without_kept_instances_matched_by_seq_and_by_order(sim16, tmp_path):
+    _lean_vs_full(sim16[0])  # sequence numbers
+    simulate(16, 6, seed=4, out_dir=tmp_path / "sim", fmt="nsys", layers=3, offset_ms_max=25.0, drift_ppm_max=60.0)
+    _lean_vs_full(profkit.load(tmp_path / "sim").events)  # none: matched by order

@@ -70,10 +70,10 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     labels = [f"rank {r}" for r in ranks]
     _warm_up_replay(capture)
     # map 1 + reduce: clocks and the step marker
-    prep, alignment = prepare_ranks(capture, keys, store, ex, step_pattern, prepared=prepared)
+    # the raw-clock instances are kept only with the aligned events; the aligned ones are matched again below
+    prep, alignment = prepare_ranks(capture, keys, store, ex, step_pattern, prepared=prepared,
+                                    keep_instances=keep_aligned)
     stats += [p.stats for p in prep]
-    if alignment is not None and not keep_aligned:
-        alignment.instances = None  # the raw-clock instances; the aligned ones are matched again below
     _trim()
     warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
     chosen = choose_step_marker([p.markers for p in prep], step_pattern)
@@ -188,14 +188,16 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
 
 
 def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
-                  align: bool = True, prepared: dict | None = None) -> tuple[list, Alignment | None]:
+                  align: bool = True, prepared: dict | None = None, keep_instances: bool = True
+                  ) -> tuple[list, Alignment | None]:
     """Map 1 (each rank's events joined in the store, its clock facts) and the alignment over
     them (None: not asked for, or no rank has events). The parts and the matched candidates are
     released: the driver keeps only what the next stages need.
 
     ``prepared``: by part store key, what a read task prepared of a file of one part, as the rank
     the file names; adopted where that part alone became that rank (its tables are moved to the
-    rank's keys), the rank prepared as usual otherwise."""
+    rank's keys), the rank prepared as usual otherwise. ``keep_instances``: keep the raw-clock
+    collective instances in ``alignment.instances`` (``estimate_from_ranks``)."""
     ranks = sorted(keys)
     prepared = prepared or {}
     adopted = {r: prepared[keys[r][0]] for r in ranks
@@ -209,7 +211,8 @@ def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_
     for k in prepared:  # what was prepared as a rank the resolution did not make it
         store.drop(stages.prepared_candidates_key(k))
     clocks = [p.clock for p in prep if p.clock is not None]
-    alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta)) if align and clocks else None
+    alignment = estimate_from_ranks(clocks, same_clock=one_host(capture.meta), keep_instances=keep_instances) \
+        if align and clocks else None
     del clocks
     for p in prep:
         p.clock = None

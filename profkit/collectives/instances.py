@@ -35,6 +35,9 @@ INSTANCE_COLUMNS = [
     "name", "device", "stream", "pid", "tid", "n_participants", "n_present", "complete",
     "arrive_ns", "exit_ns", "span_start_ns", "span_name", "evidence", "wait_name",
 ]
+# the candidate columns matching reads: ``instances_from_candidates`` of only these gives the same
+# instances (ids, participants, presence) with only the columns among them (the clock estimate's use)
+MATCH_INPUT_COLUMNS = ["rank", "source_kind", "group", "seq", "coll_name", "stream", "start_ns", "end_ns"]
 MATCH_COLUMNS = [
     "instance", "group", "seq", "coll_name", "source_kind", "key", "n_participants", "n_present", "complete",
     "ranks", "first_start_ns", "first_rank", "last_start_ns", "last_rank", "arrival_skew_ns",
@@ -233,14 +236,15 @@ def _finish(m: pd.DataFrame) -> pd.DataFrame:
                  instance=instance)
     m = m.take(np.lexsort((rank, instance))).reset_index(drop=True)
     for c in ("launch_ns", "host_start_ns", "host_end_ns", "seq", "device", "stream", "pid", "tid"):
-        if m[c].dtype != "Int64":
+        if c in m and m[c].dtype != "Int64":
             m[c] = m[c].astype("Int64")
     for c in ("arrive_ns", "exit_ns", "span_start_ns"):
-        if m[c].dtype != np.int64:  # an int64 column has no nulls to fill
+        if c in m and m[c].dtype != np.int64:  # an int64 column has no nulls to fill
             m[c] = m[c].astype("Int64").fillna(m["start_ns" if c != "exit_ns" else "end_ns"].astype("Int64")).astype("int64")
     for c in ("span_name", "evidence", "wait_name", "group"):
-        m[c] = _objects(m[c])
-    return m[INSTANCE_COLUMNS]
+        if c in m:
+            m[c] = _objects(m[c])
+    return m[[c for c in INSTANCE_COLUMNS if c in m]]  # all of them from full candidate rows
 
 
 def _distinct_ranks(code: np.ndarray, rank0: np.ndarray, span: np.int64, n: int) -> np.ndarray:

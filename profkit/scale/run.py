@@ -151,7 +151,8 @@ def merge_paths(
         capture, keys, _, prepared = _read(files, skipped, rank_map, store, ex, say)
         if not keys:
             return None, capture
-        prep, alignment = prepare_ranks(capture, keys, store, ex, None, align=align, prepared=prepared)
+        prep, alignment = prepare_ranks(capture, keys, store, ex, None, align=align, prepared=prepared,
+                                        keep_instances=False)  # the merge reads the clocks only
         ex.close()  # the merge itself runs here, one rank at a time: the workers are done
         with_events = [p.rank for p in prep if p.n_events]
         result = merge_ranks(StoreSource(store, capture, with_events), out_path, alignment=alignment,
