@@ -452,3 +452,29 @@ def test_a_late_arrivers_window_is_not_closed_by_its_own_instance():
     late = rows[(rows["instance"] == 2) & (rows["rank"] == 0)].iloc[0]
     assert late["work_start_ns"] == 110 and late["work_ns"] == 895
     assert late["work_excess_ns"] == 895 - (200 - 110)  # its own work beyond its peer's: the GC
+
+
+def test_trace_windows_of_one_rank_as_of_many():
+    """``trace_windows`` of one rank's events (the rank task's case, computed without a groupby)
+    is the row the grouped path gives, instants and metadata left out; several ranks, no events
+    but instants, and no events at all keep the grouped path's table."""
+    import pyarrow as pa
+
+    from profkit import schema
+    from profkit.analyze.straggler_arrivals import WINDOW_COLUMNS, trace_windows
+
+    rows = [dict(rank=3, kind=schema.CPU_OP, name="a", start_ns=10, end_ns=20),
+            dict(rank=3, kind=schema.INSTANT, name="i", start_ns=5, end_ns=5),
+            dict(rank=3, kind=schema.KERNEL, name="k", start_ns=15, end_ns=40),
+            dict(rank=3, kind=schema.OTHER, name="m", start_ns=0, end_ns=99)]
+    ev = schema.from_records(rows)
+    got = trace_windows(ev)
+    assert got.to_dict("records") == [{"rank": 3, "trace_start_ns": 10, "trace_end_ns": 40}]
+    assert list(got.columns) == WINDOW_COLUMNS and (got.dtypes == "int64").all()
+    two = schema.from_records(rows + [dict(rank=1, kind=schema.CPU_OP, name="b", start_ns=7, end_ns=8)])
+    assert trace_windows(two).to_dict("records") == [{"rank": 1, "trace_start_ns": 7, "trace_end_ns": 8},
+                                                    {"rank": 3, "trace_start_ns": 10, "trace_end_ns": 40}]
+    only_instants = ev[ev["kind"].isin([schema.INSTANT, schema.OTHER]).to_numpy(bool)]
+    assert len(trace_windows(only_instants)) == 0 and list(trace_windows(only_instants).columns) == WINDOW_COLUMNS
+    assert len(trace_windows(schema.empty_frame())) == 0
+    assert pa.types.is_int32(ev["rank"].dtype.pyarrow_dtype)

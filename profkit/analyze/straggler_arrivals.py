@@ -50,6 +50,11 @@ def trace_windows(events: pd.DataFrame) -> pd.DataFrame:
     if events is None or not len(events):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in WINDOW_COLUMNS})
     keep = ~events["kind"].isin(_EDGE_KINDS).to_numpy(dtype=bool)
+    rank = events["rank"]
+    if keep.any() and not rank.hasnans and rank.min() == rank.max():  # one rank's events (a rank task): no groupby
+        return pd.DataFrame({"rank": [int(rank.iloc[0])],
+                             "trace_start_ns": [int(events["start_ns"].to_numpy(np.int64)[keep].min())],
+                             "trace_end_ns": [int(events["end_ns"].to_numpy(np.int64)[keep].max())]}, dtype="int64")
     ev = events.loc[keep, ["rank", "start_ns", "end_ns"]]
     g = ev.groupby("rank", observed=True)
     out = pd.DataFrame({"trace_start_ns": g["start_ns"].min(), "trace_end_ns": g["end_ns"].max()}).reset_index()
