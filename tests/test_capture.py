@@ -331,8 +331,19 @@ def test_crashing_rank_is_marked_failed(tmp_path):
                                  "--out", str(out / "engine")])
     assert proc.returncode == 1, proc.stderr[-3000:]
     m = manifest(out)
-    assert m["failed_ranks"] == [1] and m["incomplete_ranks"] == [1] and m["exit"]["how"] == "exited 1"
-    assert {r["rank"]: r["complete"] for r in m["ranks"]} == {0: True, 1: False, 2: True}
+    assert m["exit"]["how"] == "exited 1" and 1 in m["failed_ranks"] and 1 in m["incomplete_ranks"]
+    by_rank = {r["rank"]: r for r in m["ranks"]}
+    assert sorted(by_rank) == [0, 1, 2] and not by_rank[1]["complete"]
+    for rank in (0, 2):
+        # a peer of the crashed rank is stopped by the launcher (SIGTERM: complete); or its gloo
+        # collective with the lost rank raises before the signal reaches it and it exits 1 (a race:
+        # a fresh-clone run on the loaded 2-core machine saw rank 2 do so). Then it failed, truly,
+        # but in the crash step (rank 1 raised at step 6: steps 0-6 seen), never before it
+        r = by_rank[rank]
+        ends = {p["end"] for p in r["processes"]}
+        stopped = ends <= {"signal", "clean"} and r["complete"] and rank not in m["failed_ranks"]
+        lost_peer = ends == {"failed"} and rank in m["failed_ranks"] and r["steps_seen"] >= 7
+        assert stopped or lost_peer, r
     assert processes_of(out) == []
 
 
