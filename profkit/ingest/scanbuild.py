@@ -70,6 +70,11 @@ def _path(name: str) -> Path:
     return folder() / (name + importlib.machinery.EXTENSION_SUFFIXES[0])
 
 
+def _failed(name: str) -> Path:
+    """The marker a failed build leaves (its error inside): the build is not tried again."""
+    return folder() / f"{name}.failed"
+
+
 def _import(name: str, path: Path) -> ModuleType | None:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -97,7 +102,7 @@ def pending() -> bool:
     """Whether ``build()`` would compile now: numba is there, the module is not built, and no
     earlier build failed here."""
     name = _name()
-    return name is not None and compiled() is None and not (folder() / f"{name}.failed").exists()
+    return name is not None and compiled() is None and not _failed(name).exists()
 
 
 def build() -> ModuleType | None:
@@ -108,7 +113,7 @@ def build() -> ModuleType | None:
     if module is not None or name is None:
         return module
     where = folder()
-    failed = where / f"{name}.failed"
+    failed = _failed(name)
     if failed.exists():
         return None
     try:
@@ -158,7 +163,7 @@ def main() -> int:
         print(f"built ahead of time: {module.__file__}")
         return 0
     name = _name()
-    failed = folder() / f"{name}.failed" if name else None
+    failed = _failed(name) if name else None
     why = failed.read_text().strip() if failed and failed.exists() else "numba is not installed"
     print(f"not built ({why})")
     return 1
