@@ -75,16 +75,6 @@ def _spacing(ends: np.ndarray) -> int:
     return int(np.median(np.diff(np.sort(ends)))) if len(ends) >= 3 else 0
 
 
-def _order_lag(a: np.ndarray, b: np.ndarray, tol: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs a[i] <-> b[i + L] for the lag L whose neighbouring end differences agree most often."""
-    n, m = len(a), len(b)
-    if n == 1 or m == 1:
-        if n == m:
-            return np.zeros(1, np.int64), np.zeros(1, np.int64)
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    return _lag_pairs(n, m, _lag_scores(a, b, tol)[0])
-
-
 def _lag_scores(a: np.ndarray, b: np.ndarray, tol: int) -> tuple[int, bool, dict[int, int]]:
     """(the best lag, whether it is clear, the score of each lag tried): a lag's score is how many
     neighbouring end differences of its pairs agree within ``tol``. Lags are tried from 0 outwards
@@ -124,8 +114,9 @@ def _median_difference(a: np.ndarray, b: np.ndarray, lag: int) -> float:
 
 
 def _order_lags(a, b, keys: list[str], tol) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``_order_lag`` of every key, where a key without a clear best lag takes, of its lags scoring
-    near its best (``NEAR_BEST``), the one whose end differences sit nearest those of the keys
+    """Per key, pairs a[i] <-> b[i + L] for the lag L whose neighbouring end differences agree most
+    often (``_lag_scores``; a key with one end on a rank pairs it only with the other's only end),
+    where a key without a clear best lag takes, of its lags scoring near its best (``NEAR_BEST``), the one whose end differences sit nearest those of the keys
     with a clear lag: every key of two ranks has one clock relation (``_consistent`` fits one
     line through them all), and a lag off by a period is off it by that period. Seen on a real
     2-rank DP + EP program's calling threads on a loaded 2-core host: the MoE all-to-alls (two
@@ -137,7 +128,7 @@ def _order_lags(a, b, keys: list[str], tol) -> dict[str, tuple[np.ndarray, np.nd
     for k in keys:
         n, m = len(a[k]), len(b[k])
         if n == 1 or m == 1:
-            out[k] = _order_lag(a[k], b[k], tol[k])
+            out[k] = _lag_pairs(n, m, 0) if n == m else (np.empty(0, np.int64), np.empty(0, np.int64))
         else:
             scored[k] = _lag_scores(a[k], b[k], tol[k])
     clear = [k for k, (_, is_clear, _) in scored.items() if is_clear]
