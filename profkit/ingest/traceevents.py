@@ -802,12 +802,9 @@ def _scatter(rows: list[int], values: list, n: int, typ: pa.DataType, names: dic
 
 def _placed(rows: list[int], compact: pa.Array, n: int) -> pa.Array:
     """A column of ``n`` rows: ``compact``'s i-th value at row ``rows[i]``, null elsewhere."""
-    at = np.fromiter(rows, dtype=np.int64, count=len(rows))
-    index = np.zeros(n, dtype=np.int64)
-    index[at] = np.arange(len(rows), dtype=np.int64)
-    valid = np.zeros(n, dtype=bool)
-    valid[at] = True
-    return pc.take(compact, pa.array(index, mask=~valid), memory_pool=POOL)
+    index = np.full(n, -1, dtype=np.int64)
+    index[np.fromiter(rows, dtype=np.int64, count=len(rows))] = np.arange(len(rows), dtype=np.int64)
+    return _take_at(compact, index)
 
 
 def _factorized(values: pa.StringArray, compute: Callable[[str], Any], cache: dict) -> tuple[np.ndarray, list]:
@@ -836,11 +833,13 @@ def _nccl_named(names: pa.StringArray, rows: np.ndarray) -> np.ndarray:
 
 
 def _taken(values: pa.Array, index: np.ndarray) -> pa.Array | None:
-    """``values`` at ``index``, null where it is -1; None where every row is."""
-    missing = index < 0
-    if missing.all():
-        return None
-    return pc.take(values, pa.array(index, mask=missing), memory_pool=POOL)
+    """``_take_at``, None where every row is null."""
+    return None if (index < 0).all() else _take_at(values, index)
+
+
+def _take_at(values: pa.Array, index: np.ndarray) -> pa.Array:
+    """``values`` at ``index``, null where it is -1."""
+    return pc.take(values, pa.array(index, mask=index < 0), memory_pool=POOL)
 
 
 def _ints(n: int, *parts: tuple[np.ndarray, Any, Any]) -> pa.Array | None:
