@@ -1,6 +1,7 @@
-"""The compiled replay (``replay_kernel``, numba) and the numpy replay compute the same shifts.
+"""The compiled replay (``replay_kernel``: numba's JIT, and the same function built ahead of time
+into a module, ``impact_replay.build_kernel``) and the numpy replay compute the same shifts.
 
-Both are exact integer max-plus, so they must agree bit for bit: on random programs whose ranks
+All are exact integer max-plus, so they must agree bit for bit: on random programs whose ranks
 take their sync instances in different orders (the replay must release an instance early, which
 depends on the order points were evaluated in), and on the programs of real captures (vLLM 0.26
 and profkit's engine on 4 H200s, analyzed from ``sample_traces``).
@@ -18,6 +19,19 @@ from profkit.analyze import impact_program as prog
 from profkit.analyze import impact_replay as rp
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+@pytest.fixture(params=["jit", "built"])
+def kernel(request, monkeypatch):
+    """Each compiled replay: numba's JIT (the module built ahead of time hidden), and the built
+    module (skipped where it cannot be built, e.g. no C compiler)."""
+    pytest.importorskip("numba")
+    if request.param == "built":
+        if rp.build_kernel() is None:
+            pytest.skip(f"the replay cannot be built ahead of time here ({rp.why_kernel_not_built()})")
+    else:
+        monkeypatch.setattr(rp, "_built", lambda: None)
+    return request.param
 
 
 def random_graph(rng: np.random.Generator, ranks: int, instances: int, swap_p: float) -> tuple[rp.ReplayGraph, int]:
@@ -84,7 +98,7 @@ def random_graph(rng: np.random.Generator, ranks: int, instances: int, swap_p: f
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_random_programs_with_disagreeing_clocks_replay_the_same(seed):
+def test_random_programs_with_disagreeing_clocks_replay_the_same(seed, kernel):
     rng = np.random.default_rng(seed)
     g, n_edges = random_graph(rng, ranks=int(rng.integers(2, 7)), instances=int(rng.integers(3, 25)),
                               swap_p=0.0 if seed < 3 else 0.3)
@@ -93,7 +107,7 @@ def test_random_programs_with_disagreeing_clocks_replay_the_same(seed):
     cut[rng.random(cut.shape) < 0.5] = 0
     cut[:, 0] = 0  # the baseline: nothing removed
     node_cut = rng.integers(0, 20, size=(g.n, scen)).astype(np.int64) if seed % 2 else None
-    fast, forced_fast = rp.replay(g, cut, node_cut, use_kernel=True)
+    fast, forced_fast = rp.replay(g, cut, node_cut, use_kernel=kernel)
     slow, forced_slow = rp.replay_numpy(g, cut, node_cut)
     assert forced_fast == forced_slow
     np.testing.assert_array_equal(fast, slow)
@@ -112,7 +126,7 @@ def test_the_random_programs_do_deadlock():
 
 
 @pytest.mark.parametrize("folder", ["vllm-0.26-h200/torch_faults", "engine-dep4-h200-capture/torch_faults"])
-def test_real_capture_programs_replay_the_same(folder, monkeypatch):
+def test_real_capture_programs_replay_the_same(folder, monkeypatch, kernel):
     from profkit.scale import analyze_paths
 
     a = analyze_paths([SAMPLES / folder], executor="serial")
@@ -121,25 +135,28 @@ def test_real_capture_programs_replay_the_same(folder, monkeypatch):
     scen = imp.scenarios_for(g.work, a.causes, a.stragglers, a.straggler_ranks)
     cut, node_cut, _ = imp._cuts(g, scen)
     assert cut.any()
-    fast, forced_fast = rp.replay(g, cut, node_cut, use_kernel=True)
+    fast, forced_fast = rp.replay(g, cut, node_cut, use_kernel=kernel)
     slow, forced_slow = rp.replay_numpy(g, cut, node_cut)
     assert forced_fast == forced_slow
     np.testing.assert_array_equal(fast, slow)
     # the whole impact table, the kernel's scenario blocks included, is the same either way; one
-    # scenario per block, so the compiled blocks are replayed on threads side by side
+    # scenario per block, so the JIT's blocks are replayed on threads side by side (the built
+    # module holds the GIL: one after the other)
     monkeypatch.setattr(rp, "MIN_COMPILED_ROUNDS", 1)
     monkeypatch.setattr(imp, "SCENARIO_BLOCK_BYTES", 1)
-    assert rp.compiled(g)
+    assert rp.kernel_kind(g) == kernel and rp.releases_gil(g) == (kernel == "jit")
     compiled = imp.what_if(a.impact, scen)
     monkeypatch.setenv(rp.NO_JIT_ENV, "1")
     pd.testing.assert_frame_equal(compiled, imp.what_if(a.impact, scen))
 
 
-def test_warm_up_loads_the_kernel_the_replay_runs():
+def test_warm_up_loads_the_kernel_the_replay_runs(monkeypatch):
     """``warm_up`` (run in a background thread on large captures) must load the very
-    specialization a replay then calls: a replay after it compiles nothing new."""
+    specialization a replay then calls: a replay after it compiles nothing new. (Where the kernel
+    is built ahead of time, there is nothing to warm: hidden here.)"""
     from profkit.analyze.replay_kernel import replay_points
 
+    monkeypatch.setattr(rp, "_built", lambda: None)
     assert rp.warm_up()
     warmed = set(replay_points.signatures)
     g, n_edges = random_graph(np.random.default_rng(3), ranks=3, instances=6, swap_p=0.0)
@@ -149,11 +166,34 @@ def test_warm_up_loads_the_kernel_the_replay_runs():
 
 
 def test_the_kernel_runs_from_its_size_on_and_numpy_can_be_forced(monkeypatch):
-    """numba is a test dependency: the compiled replay is what runs on a rank of
-    ``MIN_COMPILED_ROUNDS`` points or more; smaller programs (and ``PROFKIT_NO_JIT``) get numpy."""
+    """numba is a test dependency: without the module built ahead of time, numba's JIT replay is
+    what runs on a rank of ``MIN_COMPILED_ROUNDS`` points or more, and smaller programs get numpy
+    (importing numba would cost more); ``PROFKIT_NO_JIT`` forces numpy."""
     g, _ = random_graph(np.random.default_rng(0), ranks=2, instances=5, swap_p=0.0)
-    assert not rp.compiled(g)
+    monkeypatch.setattr(rp, "_built", lambda: None)
+    assert not rp.compiled(g) and rp.kernel_kind(g) is None
     monkeypatch.setattr(rp, "MIN_COMPILED_ROUNDS", 1)
-    assert rp.compiled(g)
+    assert rp.kernel_kind(g) == "jit" and rp.releases_gil(g)
     monkeypatch.setenv(rp.NO_JIT_ENV, "1")
     assert not rp.compiled(g)
+
+
+def test_the_built_kernel_serves_every_size_without_numba(monkeypatch):
+    """Once built ahead of time, the replay kernel runs on programs of any size (it costs no numba:
+    a process replays a small capture with it without importing numba or LLVM), is not warmed up,
+    and ``PROFKIT_NO_JIT`` still forces numpy."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    if rp.build_kernel() is None:
+        pytest.skip(f"the replay cannot be built ahead of time here ({rp.why_kernel_not_built()})")
+    g, _ = random_graph(np.random.default_rng(0), ranks=2, instances=5, swap_p=0.0)
+    assert rp.kernel_kind(g) == "built" and not rp.releases_gil(g)
+    assert not rp.warm_up()  # nothing to load in the background
+    code = ("import sys, numpy as np; from profkit.analyze import impact_replay as rp; "
+            "g = rp._empty_graph(); print(rp.kernel_kind(g), 'numba' in sys.modules, 'llvmlite' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["built", "False", "False"], out
+    monkeypatch.setenv(rp.NO_JIT_ENV, "1")
+    assert rp.kernel_kind(g) is None

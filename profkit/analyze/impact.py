@@ -499,7 +499,7 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
 
     starts = range(0, len(scen), per_block)
     threads = min(REPLAY_THREADS, os.cpu_count() or 1, len(starts))
-    if compiled and threads > 1:  # the kernel releases the GIL: blocks replay side by side
+    if threads > 1 and rp.releases_gil(g):  # numba's JIT kernel runs without the GIL: blocks replay side by side
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(threads) as pool:

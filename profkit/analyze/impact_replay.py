@@ -13,12 +13,15 @@ earlier by a fixed amount: the straggler-free bound).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from profkit import native
 from profkit.analyze import impact_program as prog
 
 NEG = np.iinfo(np.int64).min // 4  # "no such edge": never the max, never overflows when shifted
@@ -193,8 +196,43 @@ def _empty_graph() -> ReplayGraph:
                        z, z, np.zeros(1, np.int64), edges, work)
 
 
+# the kernel compiled ahead of time (``profkit.native``): imported without numba in about a millisecond
+_BUILT_SIGNATURE = ("i8(i8[::1], i8[:, ::1], i8[:, ::1], i8[:, ::1], b1[::1], b1[::1], i8[::1], i8[::1], i8[::1], "
+                    "i8[::1], i8[::1], i8[:, ::1], i8[:, ::1], b1, i8[:, ::1])")
+BUILT_TARGET = native.Target("_profkit_replay", "profkit.analyze.replay_kernel",
+                             (Path(__file__).with_name("replay_kernel.py"),), (("replay_points", _BUILT_SIGNATURE),),
+                             Path(__file__).parent, use_nrt=True)  # the kernel allocates its work arrays
+
+
+@functools.lru_cache(maxsize=1)
+def _built_name() -> str | None:
+    return native.name(BUILT_TARGET)
+
+
+def _built():
+    """The kernel compiled ahead of time, if it was built on this machine (never builds; no numba)."""
+    module = native.compiled(BUILT_TARGET, _built_name())
+    return None if module is None else module.replay_points
+
+
+def build_kernel():
+    """Build the kernel ahead of time (numba and a C compiler; ~10 s, once per machine) unless it
+    is built or its build failed here; the module, or None."""
+    return native.build(BUILT_TARGET, _built_name(), lambda module, where: native.compile_target(BUILT_TARGET, module,
+                                                                                                 where))
+
+
+def kernel_pending() -> bool:
+    """Whether ``build_kernel`` would compile now (numba there, not built, no failed build here)."""
+    return native.pending(BUILT_TARGET, _built_name())
+
+
+def why_kernel_not_built() -> str:
+    return native.why_not_built(BUILT_TARGET, _built_name())
+
+
 def _kernel():
-    """The compiled replay (``replay_kernel``) when numba is installed and not switched off."""
+    """The replay compiled by numba's JIT (``replay_kernel``) when numba is installed and not switched off."""
     if os.environ.get(NO_JIT_ENV):
         return None
     try:
@@ -204,26 +242,50 @@ def _kernel():
     return replay_points
 
 
-def compiled(g: ReplayGraph) -> bool:
-    """Whether ``replay`` runs the compiled kernel on ``g``: numba installed, ``PROFKIT_NO_JIT``
-    unset, and a rank with at least ``MIN_COMPILED_ROUNDS`` points (below, numpy's rounds cost
-    less than importing numba and loading the kernel, ~0.9 s a process)."""
+def kernel_kind(g: ReplayGraph) -> str | None:
+    """Which replay runs on ``g``: ``"built"`` (the kernel compiled ahead of time: any size, it
+    costs no numba), ``"jit"`` (numba's JIT, on a rank of at least ``MIN_COMPILED_ROUNDS``
+    points: below, numpy's rounds cost less than importing numba and loading the kernel, ~0.9 s a
+    process) or None (numpy; also with ``PROFKIT_NO_JIT`` set)."""
+    if os.environ.get(NO_JIT_ENV):
+        return None
+    if _built() is not None:
+        return "built"
     rounds = int(np.diff(g.offsets).max()) if g.offsets.size > 1 else 0
-    return rounds >= MIN_COMPILED_ROUNDS and _kernel() is not None
+    return "jit" if rounds >= MIN_COMPILED_ROUNDS and _kernel() is not None else None
+
+
+def compiled(g: ReplayGraph) -> bool:
+    """Whether ``replay`` runs a compiled kernel on ``g`` (``kernel_kind``)."""
+    return kernel_kind(g) is not None
+
+
+def releases_gil(g: ReplayGraph) -> bool:
+    """Whether the replay of ``g`` runs without the GIL (numba's JIT kernel), so scenario blocks
+    replay side by side on threads; the module built ahead of time holds it."""
+    return kernel_kind(g) == "jit"
 
 
 def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None,
-           use_kernel: bool | None = None) -> tuple[np.ndarray, int]:
+           use_kernel: bool | str | None = None) -> tuple[np.ndarray, int]:
     """Shift of every point per scenario: ``cut`` (edges x scenarios, ns removed on each edge),
     ``node_cut`` (points x scenarios, ns a point is made earlier). Returns (deltas (points x
     scenarios), number of instances released early where clocks disagreed about an order).
-    Compiled (``replay_kernel``) where ``compiled(g)``, else ``replay_numpy``: the same numbers.
-    ``use_kernel`` True / False: that one (True needs numba)."""
+    A compiled kernel (``kernel_kind``) where there is one for ``g``, else ``replay_numpy``: the
+    same numbers. ``use_kernel``: False the numpy replay; ``"jit"`` / ``"built"`` that kernel
+    (numba, or the module built ahead of time); True the built one where built, else the JIT."""
     if use_kernel is None:
-        use_kernel = compiled(g)
+        use_kernel = kernel_kind(g) or False
     if not use_kernel or not g.n:
         return replay_numpy(g, cut, node_cut)
-    from profkit.analyze.replay_kernel import replay_points
+    if use_kernel is True:
+        use_kernel = "built" if _built() is not None else "jit"
+    if use_kernel == "built":
+        replay_points = _built()
+        if replay_points is None:
+            raise RuntimeError(f"the replay kernel is not built ahead of time here ({why_kernel_not_built()})")
+    else:
+        from profkit.analyze.replay_kernel import replay_points
 
     s_count = cut.shape[1] if cut.ndim == 2 else 1
     delta = np.zeros((g.n, s_count), np.int64)
@@ -231,10 +293,13 @@ def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None,
     use_node_cut = node_cut is not None
     nc = (np.ascontiguousarray(node_cut.reshape(g.n, s_count), dtype=np.int64) if use_node_cut
           else np.zeros((1, s_count), np.int64))
-    # a writable C array, as ``warm_up``'s (numba compiles, or loads, one kernel per array type)
-    t = np.require(g.nodes["time_ns"].to_numpy(np.int64), requirements=["C", "W"])
-    forced = replay_points(g.offsets, g.in_src, g.in_edge, g.in_slack, g.is_exit, g.is_arrive, g.inst, g.arr_nodes,
-                           g.arr_slack, g.arr_bounds, t, cut2, nc, use_node_cut, delta)
+    # writable C arrays, as ``warm_up``'s (numba compiles, or loads, one kernel per array type; the
+    # built module takes exactly those)
+    a = [np.require(x, dtype=dt, requirements=["C", "W"]) for x, dt in (
+        (g.offsets, np.int64), (g.in_src, np.int64), (g.in_edge, np.int64), (g.in_slack, np.int64),
+        (g.is_exit, np.bool_), (g.is_arrive, np.bool_), (g.inst, np.int64), (g.arr_nodes, np.int64),
+        (g.arr_slack, np.int64), (g.arr_bounds, np.int64), (g.nodes["time_ns"].to_numpy(np.int64), np.int64))]
+    forced = replay_points(*a, cut2, nc, use_node_cut, delta)
     return delta, int(forced)
 
 
@@ -242,10 +307,13 @@ WARM_UP_EVENTS = 250_000  # events on one rank from which a run warms the kernel
 
 
 def warm_up() -> bool:
-    """Import numba and load the compiled kernel (from its cache, or compile it) on a graph of no
+    """Import numba and load the JIT kernel (from its cache, or compile it) on a graph of no
     points, so the driver's replay does not wait for it later: importing numba and loading its
     LLVM library take ~2 s, which a run of a large capture spends in a background thread while the
-    workers prepare the ranks (``pipeline.run_stages``). False when there is no kernel to warm."""
+    workers prepare the ranks (``pipeline.run_stages``). False when there is no kernel to warm, or
+    nothing to warm: the kernel built ahead of time serves."""
+    if _built() is not None and not os.environ.get(NO_JIT_ENV):
+        return False
     kernel = _kernel()
     if kernel is None:
         return False
