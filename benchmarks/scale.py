@@ -7,8 +7,8 @@
 
 Captures are simulated once (``profkit simulate --ranks N --steps S --seed 1``, Kineto JSON.gz,
 one file per rank) and kept under ``--work-dir`` (default /tmp/profkit-scale); generating them
-is not measured, nor is building profkit's compiled JSON scanner (once per machine, before the
-runs; ``--no-build`` leaves it to the first run that reads a large file). Every measurement runs
+is not measured, nor is building profkit's compiled JSON scanner and impact replay (once per
+machine, before the runs; ``--no-build`` leaves them to the first run that reads a large file). Every measurement runs
 in a fresh interpreter (this file with ``--child``), so each run's peak memory is its own:
 
 - cold: ``PROFKIT_CACHE_DIR`` is a fresh folder (every file is parsed and its cache entry written);
@@ -266,12 +266,15 @@ def _accelerators() -> str:
 
 
 def _build_scanner() -> str:
-    """Build profkit's compiled JSON scanner (``ingest/scanbuild.py``) before any run, as a machine
-    that has read a large trace once has it: its one-time ~18 s build is not part of a run."""
-    done = subprocess.run([sys.executable, "-m", "profkit.ingest.scanbuild"], env=child_env(None),
-                          capture_output=True, text=True)
-    lines = (done.stdout.strip() or done.stderr.strip() or "not built").splitlines()
-    return lines[-1].split(":")[0] if done.returncode == 0 else lines[-1]
+    """Build profkit's compiled JSON scanner (``ingest/scanbuild.py``) and impact replay
+    (``analyze/impact_replay.py``) before any run, as a machine that has analyzed a large capture
+    once has them: their one-time builds (~18 s and ~10 s) are not part of a run."""
+    said = []
+    for module in ("profkit.ingest.scanbuild", "profkit.analyze.impact_replay"):
+        done = subprocess.run([sys.executable, "-m", module], env=child_env(None), capture_output=True, text=True)
+        lines = (done.stdout.strip() or done.stderr.strip() or "not built").splitlines()
+        said.append(lines[-1].split(":")[0] if done.returncode == 0 else lines[-1])
+    return "scanner " + said[0] + ", replay " + said[1]
 
 
 def _isal(path: Path) -> tuple[int, int, int]:
@@ -670,7 +673,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write every run and floor measurement here")
     ap.add_argument("--no-floor", action="store_true", help="skip the read / gunzip / parse floor")
     ap.add_argument("--no-build", action="store_true",
-                    help="do not build profkit's compiled JSON scanner before the runs (once per machine, unmeasured); "
+                    help="do not build profkit's compiled JSON scanner and replay before the runs (once per machine, unmeasured); "
                          "without it the first run to read a file of 8 MB or more builds it, ~18 s inside that run")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed (default 1800)")
     ap.add_argument("--report", type=Path, metavar="JSON", help="measure nothing: print the tables of a --json file again")

@@ -157,12 +157,25 @@ def test_warm_up_loads_the_kernel_the_replay_runs(monkeypatch):
     from profkit.analyze.replay_kernel import replay_points
 
     monkeypatch.setattr(rp, "_built", lambda: None)
+    monkeypatch.setattr(rp, "build_kernel", lambda: None)  # as where it cannot be built
     assert rp.warm_up()
     warmed = set(replay_points.signatures)
     g, n_edges = random_graph(np.random.default_rng(3), ranks=3, instances=6, swap_p=0.0)
     rp.replay(g, np.zeros((n_edges, 2), np.int64), np.zeros((g.n, 2), np.int64), use_kernel=True)
     rp.replay(g, np.zeros((n_edges, 1), np.int64), use_kernel=True)
     assert set(replay_points.signatures) == warmed
+
+
+def test_warm_up_builds_the_kernel_where_it_is_not_built(monkeypatch):
+    """On a large capture's first run on a machine, the background warm-up builds the kernel ahead
+    of time (and loads no numba JIT kernel once that worked); ``PROFKIT_NO_JIT`` does nothing."""
+    builds = []
+    monkeypatch.setattr(rp, "_built", lambda: None)
+    monkeypatch.setattr(rp, "build_kernel", lambda: builds.append(1) or object())
+    monkeypatch.setattr(rp, "_kernel", lambda: pytest.fail("the JIT kernel must not be loaded"))
+    assert not rp.warm_up() and builds == [1]
+    monkeypatch.setenv(rp.NO_JIT_ENV, "1")
+    assert not rp.warm_up() and builds == [1]
 
 
 def test_the_kernel_runs_from_its_size_on_and_numpy_can_be_forced(monkeypatch):

@@ -342,12 +342,10 @@ def test_a_build_that_fails_is_remembered_and_the_jit_serves(monkeypatch, tmp_pa
     """No C compiler (or no ``numba.pycc``): the build fails once, says why in a marker file, is
     not tried again, and the decoder falls back to numba's JIT."""
     from profkit import native
-    from profkit.analyze import impact_replay
     from profkit.ingest import scanbuild
 
     monkeypatch.setenv(scanbuild.DIR_ENV, str(tmp_path))
     monkeypatch.setattr(native, "_loaded", {})
-    monkeypatch.setattr(impact_replay, "build_kernel", lambda: None)  # ``main`` builds it next: not here
     calls = []
 
     def no_compiler(name, where):
@@ -392,15 +390,12 @@ def test_a_large_json_trace_builds_the_scanner_first_and_says_so(monkeypatch, tm
     trace of ``MIN_FILE_BYTES`` or more needs it, with a progress line; never for smaller or other
     files, nor once it is built or its build failed. (A private build folder; the build stubbed.)"""
     from profkit import native
-    from profkit.analyze import impact_replay
     from profkit.ingest import scanbuild
 
     monkeypatch.setenv(scanbuild.DIR_ENV, str(tmp_path / "native"))
     monkeypatch.setattr(native, "_loaded", {})
     builds: list[int] = []
     monkeypatch.setattr(scanbuild, "build", lambda: builds.append(1))
-    monkeypatch.setattr(impact_replay, "build_kernel", lambda: builds.append(2))  # built with it, once
-    monkeypatch.setattr(impact_replay, "kernel_pending", lambda: False)  # as if built: the scanner alone is said
     small, big, sqlite = tmp_path / "r0.json.gz", tmp_path / "r1.pt.trace.json.gz", tmp_path / "r2.sqlite"
     for path, size in ((small, 1000), (big, scanned.MIN_FILE_BYTES), (sqlite, 2 * scanned.MIN_FILE_BYTES)):
         with open(path, "wb") as fh:
@@ -409,18 +404,12 @@ def test_a_large_json_trace_builds_the_scanner_first_and_says_so(monkeypatch, tm
     scanned.build_for([small, sqlite], said.append)
     assert not builds and not said
     scanned.build_for([small, big], said.append)
-    assert builds == [1, 2] and said == ["building profkit's compiled JSON scanner (once per machine, ~20 s)"]
+    assert builds == [1] and said == ["building profkit's compiled JSON scanner (once per machine, ~20 s)"]
     (tmp_path / "native").mkdir()
     (tmp_path / "native" / f"{scanbuild._name()}.failed").write_text("OSError: no C compiler\n")
     scanned.build_for([big], said.append)
-    assert builds == [1, 2] and len(said) == 1
+    assert builds == [1] and len(said) == 1
     monkeypatch.setenv(scanned.NO_JIT_ENV, "1")
     (tmp_path / "native" / f"{scanbuild._name()}.failed").unlink()
     scanned.build_for([big], said.append)
-    assert builds == [1, 2]
-    # the scanner built (or failed) earlier, the replay's kernel not yet: that one is built and said
-    monkeypatch.delenv(scanned.NO_JIT_ENV)
-    (tmp_path / "native" / f"{scanbuild._name()}.failed").write_text("OSError: no C compiler\n")
-    monkeypatch.setattr(impact_replay, "kernel_pending", lambda: True)
-    scanned.build_for([big], said.append)
-    assert said[-1] == "building profkit's compiled impact replay (once per machine, ~10 s)" and builds[-1] == 2
+    assert builds == [1]

@@ -222,11 +222,6 @@ def build_kernel():
                                                                                                  where))
 
 
-def kernel_pending() -> bool:
-    """Whether ``build_kernel`` would compile now (numba there, not built, no failed build here)."""
-    return native.pending(BUILT_TARGET, _built_name())
-
-
 def why_kernel_not_built() -> str:
     return native.why_not_built(BUILT_TARGET, _built_name())
 
@@ -307,12 +302,15 @@ WARM_UP_EVENTS = 250_000  # events on one rank from which a run warms the kernel
 
 
 def warm_up() -> bool:
-    """Import numba and load the JIT kernel (from its cache, or compile it) on a graph of no
-    points, so the driver's replay does not wait for it later: importing numba and loading its
-    LLVM library take ~2 s, which a run of a large capture spends in a background thread while the
-    workers prepare the ranks (``pipeline.run_stages``). False when there is no kernel to warm, or
-    nothing to warm: the kernel built ahead of time serves."""
-    if _built() is not None and not os.environ.get(NO_JIT_ENV):
+    """Have a compiled kernel ready for the driver's replay, in a background thread while the
+    workers prepare the ranks of a large capture (``pipeline.run_stages``): build the kernel ahead
+    of time where it is not built yet (once per machine, ~10 s of CPU), else, where it cannot be
+    built, import numba and load the JIT kernel (from its cache, or compile it) on a graph of no
+    points (~2 s the driver would otherwise wait for at the end). False when there is nothing to
+    do (the built kernel serves) or no kernel to warm."""
+    if os.environ.get(NO_JIT_ENV):
+        return False
+    if _built() is not None or build_kernel() is not None:
         return False
     kernel = _kernel()
     if kernel is None:
@@ -323,6 +321,18 @@ def warm_up() -> bool:
            z.copy(), np.zeros(1, np.int64), z.copy(), np.zeros((0, 1), np.int64), np.zeros((1, 1), np.int64), False,
            np.zeros((0, 1), np.int64))
     return True
+
+
+def main() -> int:
+    """``python -m profkit.analyze.impact_replay``: build the replay kernel ahead of time now (e.g. in
+    an image) and say where it is, or why numba's JIT or numpy will replay instead. Exit status 1
+    if it is not built."""
+    module = build_kernel()
+    if module is not None:
+        print(f"built ahead of time: {module.__file__}")
+        return 0
+    print(f"not built ({why_kernel_not_built()}): numba's JIT replays large programs, numpy the others")
+    return 1
 
 
 def replay_numpy(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> tuple[np.ndarray, int]:
@@ -403,3 +413,9 @@ def _release(g: ReplayGraph, comp, delta, ptr, k: int, partial: bool) -> None:
 def _earliest(g: ReplayGraph, exits: np.ndarray) -> int:
     t = g.nodes["time_ns"].to_numpy(np.int64)[exits]
     return int(g.inst[exits[int(np.argmin(t))]])
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

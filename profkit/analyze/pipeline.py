@@ -267,9 +267,9 @@ def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels
 
 
 def _warm_up_replay(capture: Capture) -> None:
-    """On a large capture, load numba's compiled replay in a background thread while the workers
-    prepare and analyze the ranks: the driver would otherwise wait ~2 s for numba at the end
-    (nothing to load where the kernel is built ahead of time: ``impact_replay.warm_up``)."""
+    """On a large capture, get a compiled replay ready in a background thread while the workers
+    prepare and analyze the ranks (``impact_replay.warm_up``: the kernel built ahead of time, once
+    per machine; else numba's JIT loaded, which the driver would otherwise wait ~2 s for at the end)."""
     parts = capture.parts
     if parts is None or not len(parts) or "n_events" not in parts:
         return

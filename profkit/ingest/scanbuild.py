@@ -13,7 +13,8 @@ marker file) and the JIT scanner is used instead.
 The module is named for the scanner's source, numba and Python (``_name()``): a changed
 ``jsonscan.py`` (or ``scanned.py``, whose layout constants it compiles in) builds a new one. It lives beside this file (``__pycache__``) when that is
 writable, else in ``~/.cache/profkit/native``; ``PROFKIT_NATIVE_DIR`` picks another folder.
-``python -m profkit.ingest.scanbuild`` builds it and the impact replay's module (``native_main``).
+``python -m profkit.ingest.scanbuild`` builds it at once; ``python -m profkit.analyze.impact_replay``
+builds the impact replay's kernel the same way.
 """
 from __future__ import annotations
 
@@ -73,20 +74,14 @@ def _compile(name: str, where: Path) -> None:
 
 
 def main() -> int:
-    """``python -m profkit.ingest.scanbuild``: build the scanner now (e.g. in an image) and say where
-    it is, or why the JIT scanner will serve instead; then the impact replay's module the same way.
-    Exit status 1 if the scanner is not built."""
+    """``python -m profkit.ingest.scanbuild``: build the module now (e.g. in an image) and say where
+    it is, or why the JIT scanner will serve instead. Exit status 1 if it is not built."""
     module = build()
     if module is not None:
         print(f"built ahead of time: {module.__file__}")
-    else:
-        print(f"not built ({native.why_not_built(_target(), _name())})")
-    from profkit.analyze import impact_replay
-
-    replay = impact_replay.build_kernel()
-    print(f"impact replay built ahead of time: {replay.__file__}" if replay is not None else
-          f"impact replay not built ({impact_replay.why_kernel_not_built()}): numba's JIT or numpy replays")
-    return 0 if module is not None else 1
+        return 0
+    print(f"not built ({native.why_not_built(_target(), _name())})")
+    return 1
 
 
 if __name__ == "__main__":

@@ -174,23 +174,18 @@ def build_for(paths: Iterable[Path], progress: Callable[[str], None] | None = No
     """Build the scanner before reading ``paths`` when one of them is a JSON trace large enough to
     need it and it is not built yet: once per machine, saying so (a first ``profkit analyze``
     otherwise sits ~20 s in its first large file without a word), and in this process, before a
-    pool's workers start (each would wait on the build's lock). The impact replay's kernel is
-    built ahead of time then too (``impact_replay.build_kernel``)."""
+    pool's workers start (each would wait on the build's lock)."""
     if not available():
         return
     sizes = [file_size(path) for path in paths if path.name.endswith((".json", ".json.gz"))]
     if max(sizes, default=0) < min_file_bytes():
         return
-    from profkit.analyze import impact_replay
     from profkit.ingest import scanbuild
 
-    scanner, replay = scanbuild.pending(), impact_replay.kernel_pending()
-    if scanner or replay:
+    if scanbuild.pending():
         if progress:
-            what = " and ".join(w for w, todo in (("JSON scanner", scanner), ("impact replay", replay)) if todo)
-            progress(f"building profkit's compiled {what} (once per machine, ~{20 * scanner + 10 * replay} s)")
+            progress("building profkit's compiled JSON scanner (once per machine, ~20 s)")
         scanbuild.build()
-        impact_replay.build_kernel()  # a large capture's replay then loads no numba (~2 s a run)
 
 
 def file_size(path: Path) -> int:
