@@ -152,6 +152,16 @@ def why_not_built(target: Target, module: str | None) -> str:
     return failed.read_text().strip() if failed and failed.exists() else "numba is not installed"
 
 
+def say_built(target: Target, module: str | None, built: ModuleType | None, otherwise: str = "") -> int:
+    """What a build command prints (where the module is, or why it is not built and what serves
+    instead) and its exit status (1: not built)."""
+    if built is not None:
+        print(f"built ahead of time: {built.__file__}")
+        return 0
+    print(f"not built ({why_not_built(target, module)}){otherwise}")
+    return 1
+
+
 def _import(module: str, path: Path) -> ModuleType | None:
     spec = importlib.util.spec_from_file_location(module, path)
     if spec is None or spec.loader is None:

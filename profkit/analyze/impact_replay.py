@@ -327,12 +327,8 @@ def main() -> int:
     """``python -m profkit.analyze.impact_replay``: build the replay kernel ahead of time now (e.g. in
     an image) and say where it is, or why numba's JIT or numpy will replay instead. Exit status 1
     if it is not built."""
-    module = build_kernel()
-    if module is not None:
-        print(f"built ahead of time: {module.__file__}")
-        return 0
-    print(f"not built ({why_kernel_not_built()}): numba's JIT replays large programs, numpy the others")
-    return 1
+    return native.say_built(BUILT_TARGET, _built_name(), build_kernel(),
+                            ": numba's JIT replays large programs, numpy the others")
 
 
 def replay_numpy(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> tuple[np.ndarray, int]:

@@ -76,12 +76,7 @@ def _compile(name: str, where: Path) -> None:
 def main() -> int:
     """``python -m profkit.ingest.scanbuild``: build the module now (e.g. in an image) and say where
     it is, or why the JIT scanner will serve instead. Exit status 1 if it is not built."""
-    module = build()
-    if module is not None:
-        print(f"built ahead of time: {module.__file__}")
-        return 0
-    print(f"not built ({native.why_not_built(_target(), _name())})")
-    return 1
+    return native.say_built(_target(), _name(), build())
 
 
 if __name__ == "__main__":
