@@ -99,9 +99,11 @@ def pending(target: Target, module: str | None) -> bool:
     return module is not None and compiled(target, module) is None and not failed_marker(target, module).exists()
 
 
-def build(target: Target, module: str | None, compile_fn: Callable[[str, Path], None]) -> ModuleType | None:
-    """The built module, building it first with ``compile_fn(module, folder)`` if needed (numba and
-    a C compiler; seconds, once per machine); None if it cannot be built here."""
+def build(target: Target, module: str | None,
+          compile_fn: Callable[[str, Path], None] | None = None) -> ModuleType | None:
+    """The built module, building it first with ``compile_fn(module, folder)`` (default:
+    ``compile_target``) if needed (numba and a C compiler; seconds, once per machine); None if it
+    cannot be built here."""
     found = compiled(target, module)
     if found is not None or module is None:
         return found
@@ -117,7 +119,10 @@ def build(target: Target, module: str | None, compile_fn: Callable[[str, Path], 
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait, then use its build
             path = module_path(target, module)
             if not path.exists():
-                compile_fn(module, where)
+                if compile_fn is None:
+                    compile_target(target, module, where)
+                else:
+                    compile_fn(module, where)
             _loaded.pop(str(path), None)
             return compiled(target, module)
     except Exception as exc:  # noqa: BLE001 - no compiler, no pycc, a read-only folder: the JIT serves

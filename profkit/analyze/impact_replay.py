@@ -218,8 +218,7 @@ def _built():
 def build_kernel():
     """Build the kernel ahead of time (numba and a C compiler; ~10 s, once per machine) unless it
     is built or its build failed here; the module, or None."""
-    return native.build(BUILT_TARGET, _built_name(), lambda module, where: native.compile_target(BUILT_TARGET, module,
-                                                                                                 where))
+    return native.build(BUILT_TARGET, _built_name())
 
 
 def why_kernel_not_built() -> str:
