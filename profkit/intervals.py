@@ -59,14 +59,9 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
     b_s, b_e = b
     if a_s.size == 0 or b_s.size == 0:
         return a_s.copy(), a_e.copy()
-    # boundaries of both sets; coverage counts tell which elementary pieces are in a but not b
-    points = unique_sorted(np.concatenate([a_s, a_e, b_s, b_e]))
-    lo = points[:-1]
-    hi = points[1:]
-    in_a = _covered(a, lo)
-    in_b = _covered(b, lo)
-    keep = in_a & ~in_b
-    return union(lo[keep], hi[keep])
+    if _canonical(a) and _canonical(b):  # ``union``'s output: ``a`` inside the gaps of ``b``
+        return _within(a, _complement(b))
+    return _by_points(a, b, lambda in_a, in_b: in_a & ~in_b)
 
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:
@@ -74,10 +69,61 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     b_s, b_e = b
     if a_s.size == 0 or b_s.size == 0:
         return empty()
-    points = unique_sorted(np.concatenate([a_s, a_e, b_s, b_e]))
+    if _canonical(a) and _canonical(b):
+        return _within(a, b)
+    return _by_points(a, b, lambda in_a, in_b: in_a & in_b)
+
+
+def _canonical(iv: Intervals) -> bool:
+    """Sorted, disjoint, non-touching, none reversed: what ``union`` makes (the form every caller
+    passes). Other input takes the general way (``_by_points``)."""
+    s, e = iv
+    return bool((e >= s).all()) and (s.size < 2 or bool((s[1:] > e[:-1]).all()))
+
+
+def _complement(iv: Intervals) -> Intervals:
+    """The gaps of a canonical set over all of int64 (sorted and disjoint as well)."""
+    s, e = iv
+    lo = np.concatenate([[np.iinfo(np.int64).min], e])
+    hi = np.concatenate([s, [np.iinfo(np.int64).max]])
+    keep = hi > lo
+    return lo[keep], hi[keep]
+
+
+def _within(a: Intervals, c: Intervals) -> Intervals:
+    """``a`` & ``c`` for canonical ``a`` and sorted disjoint ``c``, in canonical form: each
+    interval of ``a`` meets the run of ``c``'s intervals that binary search finds for it. Linear
+    in the output: no sort of every boundary and no search of every one (the general way costs
+    4-8x as much on a rank's ~10^5 kernels)."""
+    a_s, a_e = a
+    c_s, c_e = c
+    lo = np.searchsorted(c_e, a_s, side="right")  # the first of c ending after a's start
+    hi = np.searchsorted(c_s, a_e, side="left")  # past the last of c starting before a's end
+    counts = np.maximum(hi - lo, 0)
+    total = int(counts.sum())
+    if total == 0:
+        return empty()
+    owner = np.repeat(np.arange(a_s.size, dtype=np.int64), counts)
+    j = lo[owner] + (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts))
+    s = np.maximum(a_s[owner], c_s[j])
+    e = np.minimum(a_e[owner], c_e[j])
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if s.size > 1:  # sorted and disjoint; pieces that touch (around an empty interval of b) are joined
+        new = np.r_[True, s[1:] > e[:-1]]
+        if not new.all():
+            last = np.r_[np.flatnonzero(new)[1:] - 1, s.size - 1]
+            s, e = s[new], e[last]
+    return s, e
+
+
+def _by_points(a: Intervals, b: Intervals, keep_fn) -> Intervals:
+    """The general way for any sorted sets: every boundary of both, each elementary piece kept by
+    ``keep_fn(in_a, in_b)`` of its coverage."""
+    points = unique_sorted(np.concatenate([a[0], a[1], b[0], b[1]]))
     lo = points[:-1]
     hi = points[1:]
-    keep = _covered(a, lo) & _covered(b, lo)
+    keep = keep_fn(_covered(a, lo), _covered(b, lo))
     return union(lo[keep], hi[keep])
 
 

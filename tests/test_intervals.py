@@ -47,6 +47,31 @@ def test_subtract_and_intersect(a, b):
 
 
 @settings(max_examples=300, deadline=None)
+@given(spans, spans)
+def test_the_linear_way_gives_the_general_way_s_arrays(a, b):
+    """``subtract``/``intersect`` of merged sets go the linear way (``_within``): the very arrays
+    the general way (every boundary, ``_by_points``) gives, not only the same coverage, so no
+    table downstream changes; sets that are not merged still go the general way."""
+    ua, ub = _merged(a), _merged(b)
+    assert iv._canonical(ua) and iv._canonical(ub)
+    for fn, keep in ((iv.subtract, lambda x, y: x & ~y), (iv.intersect, lambda x, y: x & y)):
+        got = fn(ua, ub)
+        want = iv._by_points(ua, ub, keep) if len(ua[0]) and len(ub[0]) else fn(ua, ub)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert got[0].dtype == np.int64 and got[1].dtype == np.int64
+    # a merged set cut in two where it is long enough touches itself: not canonical, so it goes
+    # the general way, with the same coverage
+    s, e = ua
+    mid = (s + e) // 2
+    cut = mid > s
+    touching = (np.sort(np.r_[s, mid[cut]]), np.sort(np.r_[mid[cut], e]))
+    if cut.any():
+        assert not iv._canonical(touching)
+        assert np.array_equal(_mask_of(iv.subtract(touching, ub)), _cover(a) & ~_cover(b))
+        assert np.array_equal(_mask_of(iv.intersect(touching, ub)), _cover(a) & _cover(b))
+
+
+@settings(max_examples=300, deadline=None)
 @given(spans, st.lists(st.tuples(st.integers(0, 250), st.integers(0, 60)), min_size=1, max_size=8))
 def test_covered_between_windows(pairs, windows):
     u = _merged(pairs)

@@ -144,10 +144,11 @@ def ep_balance_by_layer(loads: pd.DataFrame, per: pd.DataFrame | None = None) ->
 
 
 # ---- DP imbalance ----------------------------------------------------------------------------
-def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:
+def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None, arrays=None) -> pd.DataFrame:
     """``rank, step, num_tokens, batch_size``: the step table's own columns, or, when the step marker
     carries no token count (``EngineCore.step``), the vLLM annotation ``execute_context_N(tok)_
-    generation_N(tok)`` that starts inside each step on the same rank (summed if several)."""
+    generation_N(tok)`` that starts inside each step on the same rank (summed if several).
+    ``arrays``: ``overhead.event_arrays(events)``, when the caller has them (names factorized)."""
     cols = ["rank", "step", "num_tokens", "batch_size"]
     if steps is None or not len(steps):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
@@ -160,7 +161,8 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.D
     # the regex once per distinct name, and rows taken of the three columns read below only (a
     # rank has hundreds of thousands of host rows and a few hundred distinct names)
     is_host = events["kind"].isin([schema.CPU_SPAN, schema.CPU_OP]).to_numpy(dtype=bool)
-    codes, uniques = pd.factorize(events["name"], use_na_sentinel=True)
+    named = arrays.factorized_names(events) if arrays is not None else None
+    codes, uniques = named if named is not None else pd.factorize(events["name"], use_na_sentinel=True)
     hit = np.r_[pd.Series(uniques).astype("string").str.match(VLLM_STEP_RE, na=False).to_numpy(dtype=bool), False]
     ann = events.loc[is_host & hit[np.asarray(codes, np.int64)], ["rank", "start_ns", "name"]]
     if not len(ann):

@@ -90,6 +90,18 @@ class EventArrays:
         return replace(self, container=nm.classify_names(self.uniques, step_names)["container"],
                        step_names=step_names)
 
+    def factorized_names(self, events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+        """``pd.factorize(events["name"], use_na_sentinel=True)`` (codes, the distinct names as
+        Python strings) from these arrays, where they were built from ``events`` of one rank (rows
+        in order): the rank task's readers of the names take them instead of hashing ~10^5 names
+        again. None otherwise."""
+        if self.uniques is None or self.name.size != len(events):
+            return None
+        if len(self.rank_bounds) > 1 or any(b != (0, len(events)) for b in self.rank_bounds.values()):
+            return None  # several ranks: the arrays are sorted by rank
+        missing = self.uniques.size - 1  # ``_factorize`` appends "" for a missing name
+        return np.where(self.name == missing, -1, self.name), self.uniques[:-1]
+
     @classmethod
     def build(cls, events: pd.DataFrame, step_names: frozenset[str], vocab: Vocab) -> "EventArrays":
         ranks = events["rank"].to_numpy(np.int64)

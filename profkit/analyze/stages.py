@@ -337,7 +337,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     # the events as the attribution's arrays and the GPU rows: built once for the causes, the
     # timeline pieces (the host attributed again over the whole extent) and the replay's GPU ops
     arrays = overhead.event_arrays(events) if len(events) else None
-    gpu = ph_mod.gpu_rows(events)
+    gpu = ph_mod.gpu_rows(events, arrays)
     if chosen is not None and not len(steps):  # other ranks have steps: this one has no windows
         windows = overhead.analysis_windows(events.iloc[:0], steps)
         charged = overhead.attribute_gaps(events.iloc[:0], steps, waits.iloc[:0])
@@ -354,7 +354,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
         store.put(aligned_key(rank), events)
     out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events, arrays),
                      windows=windows, candidates=candidates, extents=extents,
-                     tokens=step_tokens(steps, events), duplicates=duplicates, cut=int(cut.get(rank, 0)),
+                     tokens=step_tokens(steps, events, arrays), duplicates=duplicates, cut=int(cut.get(rank, 0)),
                      n_events=len(events))
     out.stats = _stats("rank", rank, t0, len(events))
     return out

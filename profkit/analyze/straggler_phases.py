@@ -83,10 +83,22 @@ def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame, sync_waits: pd.
     return labelled_pieces(events, extents, g, sync_waits, steps, arrays), gpu_pieces(g)
 
 
-def gpu_rows(events: pd.DataFrame) -> pd.DataFrame:
+def gpu_rows(events: pd.DataFrame, arrays=None) -> pd.DataFrame:
     """The GPU rows (kernels, copies, memsets), only the columns the GPU pieces and
-    ``impact_program.gpu_ops`` read: taken once for both (rows of string columns are the slow part)."""
-    return _rows(events, events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool), GPU_ROW_COLUMNS)
+    ``impact_program.gpu_ops`` read: taken once for both (rows of string columns are the slow part).
+
+    ``arrays``: ``overhead.event_arrays(events)``, when the caller has them: the kernel names are
+    then a categorical of the names the arrays factorized already (the same values; a rank's
+    ~10^5 kernel names are neither copied nor hashed again by each reader)."""
+    mask = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
+    named = arrays.factorized_names(events) if arrays is not None and "name" in events else None
+    codes = named[0][mask] if named is not None else None
+    if codes is None or (codes < 0).any():  # a row without a name: taken as it is
+        return _rows(events, mask, GPU_ROW_COLUMNS)
+    out = _rows(events, mask, tuple(c for c in GPU_ROW_COLUMNS if c != "name"))
+    names = pd.Categorical.from_codes(codes, categories=pd.Index(named[1], dtype=object))
+    out.insert(GPU_ROW_COLUMNS.index("name"), "name", pd.Series(names, index=out.index))
+    return out
 
 
 def _rows(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -105,6 +117,8 @@ def _factorize_str(names: pd.Series) -> tuple[np.ndarray, object]:
     """``pd.factorize(names.astype(str))``: a column of strings without nulls is factorized as it
     is (same codes and values; ``astype(str)`` would copy every row's string first)."""
     dtype = names.dtype
+    if isinstance(dtype, pd.CategoricalDtype) and not names.hasnans:  # ``gpu_rows`` from the arrays' codes
+        return pd.factorize(names)
     strings = (isinstance(dtype, pd.ArrowDtype) and pa.types.is_string(dtype.pyarrow_dtype)) or (
         isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow")
     if strings and not names.hasnans:
