@@ -136,9 +136,14 @@ def test_column_codes_and_flags_treat_missing_values_as_the_strings_did():
     # a missing value tested as "" (matches an empty-matching pattern) or never (missing=None)
     assert syncpoints.code_flags(uniques, codes, lambda u: u.str.match(r"^$"))[1]
     assert not syncpoints.code_flags(uniques, codes, lambda u: u.str.match(r"^$"), missing=None)[1]
-    # inside a shared block the codes are made once per frame and column
-    with syncpoints.shared_context(events):
-        assert syncpoints.column_codes(events, "name") is syncpoints.column_codes(events, "name")
+    # the codes are made once per column while its data lives (``distinct.codes``), also for a
+    # frame derived from it that shares the data; a filtered frame's column is factorized anew
+    first = syncpoints.column_codes(events, "name")
+    again = syncpoints.column_codes(events.assign(other=1), "name")
+    assert again[0] is first[0] and again[1] is first[1]
+    assert not first[0].flags.writeable and not first[1].flags.writeable  # shared: nobody may change them
+    sub = syncpoints.column_codes(events.iloc[1:3], "name")
+    assert sub[0] is not first[0] and sub[0].tolist() == [-1, 0] and list(sub[1]) == ["c10d::allreduce_"]
 
 
 def test_identity_and_equality_tests_of_objects():

@@ -51,7 +51,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit.distinct import str_objects
 
 DEDUPE_KINDS = (schema.CPU_SPAN, schema.GC)
@@ -93,7 +93,7 @@ def drop_duplicate_spans(
     """
     if events.empty:
         return events, {}
-    host = (events["kind"].isin(DEDUPE_KINDS) & events["name"].notna() & events["rank"].notna()
+    host = (distinct.isin(events["kind"], DEDUPE_KINDS) & events["name"].notna() & events["rank"].notna()
             & events["source"].notna() & events["start_ns"].notna() & events["end_ns"].notna()).to_numpy(dtype=bool)
     pos = np.flatnonzero(host)
     if len(pos) < 2:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit.collectives.sequences import match_sequences
 from profkit.distinct import str_objects
 
@@ -66,9 +66,8 @@ def source_offsets(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 def _source_counts(events: pd.DataFrame) -> pd.DataFrame:
     """Events (``n``) and GPU events (``gpu``) per (rank, source), indexed as groupby sorts them:
     counted on the source column's codes (a Python string per row costs more than the rest)."""
-    codes, uniques = pd.factorize(events["source"], use_na_sentinel=True)
-    codes = np.asarray(codes, np.int64)
-    gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
+    codes, uniques = distinct.codes(events["source"])
+    gpu = distinct.isin(events["kind"], schema.GPU_KINDS)
     rank = events["rank"].to_numpy(dtype=np.int64)
     if not codes.size or codes.min() < 0:  # a missing source: grouped as strings, as before
         return pd.DataFrame({"rank": rank, "source": str_objects(events["source"]), "gpu": gpu}).groupby(

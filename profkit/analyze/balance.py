@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit.analyze.jsonable import json_scalar
 from profkit.analyze.steps import VLLM_STEP_RE, step_batch_facts
 from profkit.ingest.expert_loads import (  # noqa: F401 - the parsers live in ingest; read as balance.* too
@@ -160,7 +160,7 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None, arrays=
         return base[cols]
     # the regex once per distinct name, and rows taken of the three columns read below only (a
     # rank has hundreds of thousands of host rows and a few hundred distinct names)
-    is_host = events["kind"].isin([schema.CPU_SPAN, schema.CPU_OP]).to_numpy(dtype=bool)
+    is_host = distinct.isin(events["kind"], (schema.CPU_SPAN, schema.CPU_OP))
     named = arrays.factorized_names(events) if arrays is not None else None
     codes, uniques = named if named is not None else pd.factorize(events["name"], use_na_sentinel=True)
     hit = np.r_[pd.Series(uniques).astype("string").str.match(VLLM_STEP_RE, na=False).to_numpy(dtype=bool), False]

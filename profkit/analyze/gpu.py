@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profkit import distinct
 from profkit import intervals as iv
 from profkit import schema
 from profkit.names import is_comm_kernel
@@ -23,7 +24,7 @@ def gpu_events(events: pd.DataFrame) -> pd.DataFrame:
 
 def kind_mask(events: pd.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
     """Rows whose kind is one of ``kinds`` (a bool array: no frame is filtered)."""
-    return events["kind"].isin(kinds).to_numpy(dtype=bool)
+    return distinct.isin(events["kind"], kinds)
 
 
 def times(events: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit import intervals as iv
 from profkit.analyze import straggler_phases as ph_mod
 from profkit.names import is_comm_kernel
@@ -128,7 +128,7 @@ def gpu_ops(events: pd.DataFrame, gpu: pd.DataFrame | None = None) -> pd.DataFra
     g = gpu if gpu is not None else ph_mod.gpu_rows(events)
     if not len(g):
         return _empty_ops()
-    rt = events.loc[(kinds == schema.RUNTIME).to_numpy(dtype=bool) & events["correlation"].notna().to_numpy(dtype=bool),
+    rt = events.loc[distinct.isin(kinds, (schema.RUNTIME,)) & events["correlation"].notna().to_numpy(dtype=bool),
                     ["pid", "correlation", "start_ns"]]
     launch = np.full(len(g), NO_LAUNCH, np.int64)
     corr = g["correlation"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit import intervals as iv
 from profkit.analyze import overhead_host as host
 from profkit.analyze import overhead_names as nm
@@ -158,16 +158,14 @@ class EventArrays:
 
 
 def _codes(series: pd.Series, known: tuple[str, ...]) -> np.ndarray:
-    codes, uniques = pd.factorize(series, use_na_sentinel=True)
+    codes, uniques = distinct.codes(series)
     lookup = np.array([known.index(u) if u in known else len(known) for u in uniques] + [len(known)], dtype=np.int64)
     return lookup[codes]
 
 
 def _factorize(series: pd.Series, missing: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Codes and unique strings; nulls get code ``missing`` (default: an extra "" entry)."""
-    codes, uniques = pd.factorize(series, use_na_sentinel=True)  # Arrow strings: dictionary-encoded
-    uniques = np.array([str(u) for u in uniques], dtype=object)
-    codes = np.asarray(codes, dtype=np.int64)
+    codes, uniques = distinct.codes(series)  # shared with the rank task's other readers of the column
     if missing is None:
         uniques = np.append(uniques, "").astype(object)
         codes = np.where(codes < 0, uniques.size - 1, codes)

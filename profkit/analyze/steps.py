@@ -120,7 +120,7 @@ def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None,
 
 def _host_names(events: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
     """Positions of the host span rows (cpu_span, cpu_op) and their names (one column filtered)."""
-    host = np.flatnonzero(events["kind"].isin(_HOST_SPAN_KINDS).to_numpy(dtype=bool))
+    host = np.flatnonzero(distinct.isin(events["kind"], _HOST_SPAN_KINDS))
     return host, events["name"].iloc[host]
 
 

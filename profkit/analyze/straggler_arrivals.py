@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 
 # Source kinds whose start is a rank's arrival at a sync point. ``launch_span`` (the host launch
 # of a GPU collective on a trace without kernels) is asynchronous: the host never waits there.
@@ -49,7 +49,7 @@ def trace_windows(events: pd.DataFrame) -> pd.DataFrame:
     """Each rank's traced extent (first event start, last event end; instants and metadata skipped)."""
     if events is None or not len(events):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in WINDOW_COLUMNS})
-    keep = ~events["kind"].isin(_EDGE_KINDS).to_numpy(dtype=bool)
+    keep = ~distinct.isin(events["kind"], _EDGE_KINDS)
     rank = events["rank"]
     if keep.any() and not rank.hasnans and rank.min() == rank.max():  # one rank's events (a rank task): no groupby
         return pd.DataFrame({"rank": [int(rank.iloc[0])],

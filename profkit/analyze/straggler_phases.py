@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit import intervals as iv
 from profkit.analyze import overhead as ov
 from profkit.analyze import overhead_host as host_mod
@@ -90,7 +90,7 @@ def gpu_rows(events: pd.DataFrame, arrays=None) -> pd.DataFrame:
     ``arrays``: ``overhead.event_arrays(events)``, when the caller has them: the kernel names are
     then a categorical of the names the arrays factorized already (the same values; a rank's
     ~10^5 kernel names are neither copied nor hashed again by each reader)."""
-    mask = events["kind"].isin(schema.GPU_KINDS).to_numpy(dtype=bool)
+    mask = distinct.isin(events["kind"], schema.GPU_KINDS)
     named = arrays.factorized_names(events) if arrays is not None and "name" in events else None
     codes = named[0][mask] if named is not None else None
     if codes is None or (codes < 0).any():  # a row without a name: taken as it is
@@ -224,7 +224,7 @@ def _launch_runs(events: pd.DataFrame, g: "_GpuArrays") -> dict[int, iv.Interval
     """Launch-bound runs per rank, as the overhead attribution finds them (kernel launches joined
     to their single kernel by correlation, ``overhead_host.launch_runs`` per launching thread),
     minus the time non-tiny compute kernels and communication kernels run."""
-    rt = _rows(events, (events["kind"] == schema.RUNTIME).to_numpy(dtype=bool)
+    rt = _rows(events, distinct.isin(events["kind"], (schema.RUNTIME,))
                & events["correlation"].notna().to_numpy(dtype=bool), ("rank", "name", "pid", "tid", "correlation", "start_ns"))
     if not len(rt) or not g.rank.size:
         return {}
@@ -308,7 +308,7 @@ def _blocking_copies_coded(ea) -> dict[int, iv.Intervals]:
 def _blocking_copies(events: pd.DataFrame) -> dict[int, iv.Intervals]:
     """Copy calls long enough to have blocked the host (``cudaMemcpyAsync`` to pageable memory,
     ``.item()``/``.tolist()``: the call returns when the GPU got there), per rank."""
-    rt = _rows(events, (events["kind"] == schema.RUNTIME).to_numpy(dtype=bool), ("rank", "name", "start_ns", "end_ns"))
+    rt = _rows(events, distinct.isin(events["kind"], (schema.RUNTIME,)), ("rank", "name", "start_ns", "end_ns"))
     if not len(rt):
         return {}
     dur = (rt["end_ns"] - rt["start_ns"]).to_numpy(np.int64)

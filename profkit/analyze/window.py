@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profkit import distinct
+
 
 def recorded_window(events: pd.DataFrame) -> pd.DataFrame:
     """Per rank (index): ``first_ns`` = the latest first event over its sources, ``last_ns`` = the
@@ -27,7 +29,7 @@ def clip_to_recorded(events: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int]
 
     A no-op for ranks with a single source (the common case of one profiler trace per rank).
     """
-    if events.empty or events["source"].nunique() < 2:
+    if events.empty or distinct.codes(events["source"])[1].size < 2:
         return events, {}
     window = recorded_window(events)
     rank = events["rank"].astype("int64")

@@ -83,7 +83,7 @@ def kernel_coll_name(name: str) -> str:
 
 def _candidates(events: pd.DataFrame, sync_names: dict[str, str] | None = None) -> pd.DataFrame:
     """Every collective seen on every rank (kernels with their launch link, CPU collectives)."""
-    with sharing(events):  # the string columns factorized once for every test below
+    with sharing(events):  # one thread context for every test below (the columns' codes: ``distinct.codes``)
         return _candidates_coded(events, sync_names)
 
 

@@ -48,7 +48,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit.ingest.collectives import normalize_coll_name
 from profkit.layers import innermost, make_layer
 from profkit.names import POLL_RE, SYNC_RE
@@ -274,12 +274,11 @@ class _ThreadContext:
 
 class _Shared:
     """What the per-rank functions of one frame share inside ``shared_context``: the thread
-    context and the string columns as codes (factorized once, not once per function)."""
+    context (the string columns' codes are shared by ``distinct.codes`` while the frame lives)."""
 
     def __init__(self, events: pd.DataFrame):
         self.events = events
         self.ctx: _ThreadContext | None = None
-        self.codes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 
 _SHARED: list[_Shared] = []  # one per open ``shared_context`` block
@@ -289,8 +288,7 @@ _SHARED: list[_Shared] = []  # one per open ``shared_context`` block
 def shared_context(events: pd.DataFrame):
     """Inside this block, ``host_sync_rows`` and ``span_facts`` of this very ``events`` frame share
     one ``_ThreadContext`` (the per-thread arrays of a rank, built once instead of twice in the
-    scale path's prepare task) and the codes of its string columns. The frame must not change
-    inside the block."""
+    scale path's prepare task). The frame must not change inside the block."""
     _SHARED.append(_Shared(events))
     try:
         yield
@@ -319,17 +317,10 @@ def _thread_context(events: pd.DataFrame) -> _ThreadContext:
 
 def column_codes(events: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
     """A string column as (codes: int64 per row, -1 where missing; distinct values: an object
-    array of Python strings), factorized once per ``shared_context`` block of that frame.
+    array of Python strings), factorized once while the column lives (``distinct.codes``).
     Why: tests and takes of the strings of hundreds of thousands of rows cost more than all the
     rest; the distinct values are a few hundred."""
-    shared = _SHARED[-1] if _SHARED and _SHARED[-1].events is events else None
-    got = shared.codes.get(col) if shared is not None else None
-    if got is None:
-        codes, uniques = pd.factorize(events[col], use_na_sentinel=True)
-        got = (np.asarray(codes, np.int64), np.array([str(u) for u in uniques], dtype=object))
-        if shared is not None:
-            shared.codes[col] = got
-    return got
+    return distinct.codes(events[col])
 
 
 def code_flags(uniques: np.ndarray, codes: np.ndarray, test, missing: str | None = "",
@@ -657,7 +648,7 @@ def _span_facts_frames(events: pd.DataFrame, exclude: re.Pattern[str] | None = N
                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``span_facts`` grouping the spans' rows as frames (spans without a name: pandas drops
     them from the groups)."""
-    spans = events.loc[(events["kind"] == schema.CPU_SPAN).to_numpy(bool) & events["tid"].notna().to_numpy(bool),
+    spans = events.loc[distinct.isin(events["kind"], (schema.CPU_SPAN,)) & events["tid"].notna().to_numpy(bool),
                        [c for c in ("rank", "name", "start_ns", "end_ns", "pid", "tid") if c in events.columns]]
     if not len(spans):
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)

@@ -1,0 +1,51 @@
+"""``distinct.codes`` and ``distinct.isin``: pandas' own answers, memoized per Arrow column and
+never by value (a column with other data, even at the same address later, is factorized anew)."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from profkit import distinct
+
+values = st.lists(st.one_of(st.none(), st.sampled_from(["kernel", "cpu_op", "runtime", "", "ünïcode", "a b"])),
+                  max_size=40)
+
+
+def _arrow(items: list) -> pd.Series:
+    return pd.Series(pd.array(items, dtype=pd.ArrowDtype(pa.string())))
+
+
+@settings(max_examples=200, deadline=None)
+@given(values, st.sets(st.sampled_from(["kernel", "runtime", "", "missing"])))
+def test_codes_and_isin_are_pandas_answers(items, wanted):
+    s = _arrow(items)
+    codes, uniques = distinct.codes(s)
+    want_codes, want_uniques = pd.factorize(s, use_na_sentinel=True)
+    np.testing.assert_array_equal(codes, want_codes)
+    assert list(uniques) == [str(u) for u in want_uniques] and codes.dtype == np.int64
+    np.testing.assert_array_equal(distinct.isin(s, wanted), s.isin(list(wanted)).to_numpy(dtype=bool))
+    # the pandas "str" dtype (Arrow-backed) and an object column give the same answers
+    for other in (s.astype("str") if not s.isna().any() else s, pd.Series(items, dtype=object)):
+        np.testing.assert_array_equal(distinct.isin(other, wanted), s.isin(list(wanted)).to_numpy(dtype=bool))
+
+
+def test_memo_follows_the_data_not_the_values():
+    frame = pd.DataFrame({"kind": _arrow(["kernel", "runtime", "kernel"]), "x": [1, 2, 3]})
+    first = distinct.codes(frame["kind"])
+    assert distinct.codes(frame.assign(y=0)["kind"])[0] is first[0]  # the same data: shared
+    other = pd.DataFrame({"kind": _arrow(["kernel", "runtime", "kernel"])})
+    assert distinct.codes(other["kind"])[0] is not first[0]  # equal values, other data: its own
+    before = len(distinct._CODES)
+    del frame, other, first
+    gc.collect()
+    assert len(distinct._CODES) <= before - 2  # entries go with their columns: nothing is held
+    # a new column (possibly at a freed column's address) never gets another column's codes
+    for _ in range(20):
+        s = _arrow(["runtime", "kernel"])
+        assert distinct.codes(s)[0].tolist() == [0, 1] and list(distinct.codes(s)[1]) == ["runtime", "kernel"]
+        del s
