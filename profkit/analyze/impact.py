@@ -249,14 +249,16 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
         if not w.size:
             continue
         share = _share(s, w, ctx)
-        amount = np.rint(w.ns * share).astype(np.int64)
-        lane_rows = ~is_wait_row & (amount > 0)
+        rows = np.flatnonzero(share)  # the rows it removes any of: most scenarios remove one phase's
+        share, ns, edge, wait = share[rows], w.ns[rows], w.edge[rows], is_wait_row[rows]
+        amount = np.rint(ns * share).astype(np.int64)
+        lane_rows = ~wait & (amount > 0)
         col[:] = 0
-        np.add.at(col, w.edge[lane_rows], amount[lane_rows])
-        drop = is_wait_row & (share >= 0.5)
-        col[w.edge[drop]] = DROP
+        np.add.at(col, edge[lane_rows], amount[lane_rows])
+        drop = wait & (share >= 0.5)
+        col[edge[drop]] = DROP
         cut[:, j] = col
-        removed[j] += int(amount[lane_rows].sum() + w.ns[drop].sum())
+        removed[j] += int(amount[lane_rows].sum() + ns[drop].sum())
     return cut, node_cut, removed
 
 
