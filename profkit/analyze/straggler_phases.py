@@ -465,7 +465,7 @@ def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     categories, e.g. span and self, is one phase: its first category, its time summed)."""
     if not len(pieces) or not len(windows):
         return _empty(PHASE_COLUMNS)
-    if pieces["phase"].isna().any() or pieces["category"].isna().any():
+    if _has_missing(pieces["phase"]) or _has_missing(pieces["category"]):
         return _window_phases_grouped(pieces, windows)  # the groupby's null rules, rarely needed
     w_rank = windows["rank"].to_numpy(np.int64)
     if (w_rank == w_rank[0]).all():  # one rank's windows (the finish task's)
@@ -499,6 +499,19 @@ def window_phases(pieces: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({c: np.concatenate(v) for c, v in cols.items()})[PHASE_COLUMNS]
 
 
+def _has_missing(col: pd.Series) -> bool:
+    """``col.isna().any()``; a text column's from its codes (shared by the next reader)."""
+    return bool((distinct.codes(col)[0] < 0).any()) if _is_text(col) else bool(col.isna().any())
+
+
+def _is_text(col: pd.Series) -> bool:
+    """An Arrow string column (``distinct.codes`` spells its values as they are)."""
+    dtype = col.dtype
+    return (isinstance(dtype, pd.ArrowDtype) and (pa.types.is_string(dtype.pyarrow_dtype)
+                                                  or pa.types.is_large_string(dtype.pyarrow_dtype))) or (
+        isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow")
+
+
 def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: int) -> pd.DataFrame | None:
     """``window_phases`` of windows all of ``rank``: its pieces taken only when other ranks' are
     there too, the phase and category strings made per distinct name (not inferred row by row).
@@ -508,11 +521,16 @@ def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: i
     p = pieces if mine.all() else pieces[mine]
     if not len(p):
         return _empty(PHASE_COLUMNS)
-    pcode, pnames = pd.factorize(p["phase"])  # no nulls here (checked by the caller)
-    ccode, cnames = pd.factorize(p["category"])
-    pnames, cnames = np.asarray(pnames, dtype=object), np.asarray(cnames, dtype=object)
-    if not all(type(x) is str for x in pnames) or not all(type(x) is str for x in cnames):
-        return None
+    # no nulls here (checked by the caller); a rank's host pieces serve its host and its
+    # accounting windows: Arrow strings are factorized once for both (``distinct.codes``)
+    if _is_text(p["phase"]) and _is_text(p["category"]):
+        (pcode, pnames), (ccode, cnames) = distinct.codes(p["phase"]), distinct.codes(p["category"])
+    else:
+        pcode, pnames = pd.factorize(p["phase"])
+        ccode, cnames = pd.factorize(p["category"])
+        pnames, cnames = np.asarray(pnames, dtype=object), np.asarray(cnames, dtype=object)
+        if not all(type(x) is str for x in pnames) or not all(type(x) is str for x in cnames):
+            return None
     hit = _window_hits(p, windows)
     if hit is None:
         return _empty(PHASE_COLUMNS)
