@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,9 @@ from profkit.analyze.steps import VLLM_STEP_RE, step_batch_facts
 from profkit.ingest.expert_loads import (  # noqa: F401 - the parsers live in ingest; read as balance.* too
     LOAD_COLUMNS, ROUTING_ATTR, LoadsFormatError, parse_engine_steps, parse_expert_loads, parse_sim_expert_loads,
 )
+
+if TYPE_CHECKING:
+    from profkit.analyze.overhead_rank import EventArrays
 
 NO_RANK = -1  # ``max_rank`` when every rank has the same load
 EP_COLUMNS = ["step", "layer", "n_ranks", "total_tokens", "mean_tokens", "max_tokens", "max_rank", "balancedness"]
@@ -144,7 +148,8 @@ def ep_balance_by_layer(loads: pd.DataFrame, per: pd.DataFrame | None = None) ->
 
 
 # ---- DP imbalance ----------------------------------------------------------------------------
-def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None, arrays=None) -> pd.DataFrame:
+def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None,
+                arrays: "EventArrays | None" = None) -> pd.DataFrame:
     """``rank, step, num_tokens, batch_size``: the step table's own columns, or, when the step marker
     carries no token count (``EngineCore.step``), the vLLM annotation ``execute_context_N(tok)_
     generation_N(tok)`` that starts inside each step on the same rank (summed if several).

@@ -33,6 +33,7 @@ The host's own work is the same on every rank unless something is really slower.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -46,6 +47,9 @@ from profkit.analyze import vocabulary as vc
 from profkit.distinct import strings_at
 from profkit.layers import covering, make_layer, split_at
 from profkit.names import is_comm_kernel, kernel_short_name
+
+if TYPE_CHECKING:
+    from profkit.analyze.overhead_rank import EventArrays
 
 GPU_PREFIX = "gpu:"
 WAIT_PREFIXES = vc.VICTIM_PREFIXES
@@ -83,7 +87,7 @@ def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame, sync_waits: pd.
     return labelled_pieces(events, extents, g, sync_waits, steps, arrays), gpu_pieces(g)
 
 
-def gpu_rows(events: pd.DataFrame, arrays=None) -> pd.DataFrame:
+def gpu_rows(events: pd.DataFrame, arrays: "EventArrays | None" = None) -> pd.DataFrame:
     """The GPU rows (kernels, copies, memsets), only the columns the GPU pieces and
     ``impact_program.gpu_ops`` read: taken once for both (rows of string columns are the slow part).
 
