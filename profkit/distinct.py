@@ -62,7 +62,7 @@ def isin(values: pd.Series, wanted: Iterable[str]) -> np.ndarray:
     """``values.isin(wanted).to_numpy(dtype=bool)`` for a string column (missing: False), from
     its ``codes``: each distinct value tested once."""
     c, u = codes(values)
-    wanted = set(wanted)
+    wanted = {wanted} if isinstance(wanted, str) else set(wanted)
     hit = np.array([x in wanted for x in u.tolist()] + [False], dtype=bool)
     return hit[c] if c.size else np.zeros(0, dtype=bool)
 

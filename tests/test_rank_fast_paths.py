@@ -175,3 +175,26 @@ def test_source_counts_match_the_grouped_strings():
     missing = events.assign(source=pd.array(["kineto", None, "kineto", "nsys", "kineto", "kineto", None],
                                             dtype="string"))
     pd.testing.assert_frame_equal(sources._source_counts(missing), grouped(missing))
+
+
+# ---- the GPU rows' names from the attribution's codes (issue #16's eighth round) -------------
+@pytest.mark.parametrize("folder", ["vllm-0.26-h200/torch_clean", "engine-dep2-h200-capture/torch_clean"])
+def test_gpu_rows_from_the_arrays_codes_hold_the_same_rows_and_names(folder):
+    """``gpu_rows(events, arrays)`` names the kernels by a categorical of ``EventArrays``' codes:
+    the same rows, columns and name values as taking the name strings (real H200 captures, one
+    rank's events as the rank task has them), and the same GPU pieces and replay GPU ops."""
+    from profkit import load
+    from profkit.analyze import overhead
+    from profkit.analyze import straggler_phases as ph
+
+    events = load(SAMPLES / folder).events
+    rank = int(events["rank"].dropna().min())
+    one = events[(events["rank"] == rank).to_numpy(bool)].reset_index(drop=True)
+    arrays = overhead.event_arrays(one)
+    coded, plain = ph.gpu_rows(one, arrays), ph.gpu_rows(one)
+    assert len(plain) > 100 and isinstance(coded["name"].dtype, pd.CategoricalDtype)
+    assert list(coded.columns) == list(plain.columns)
+    np.testing.assert_array_equal(coded["name"].astype(object).to_numpy(), plain["name"].astype(object).to_numpy())
+    pd.testing.assert_frame_equal(coded.drop(columns="name"), plain.drop(columns="name"))
+    pd.testing.assert_frame_equal(prog.gpu_ops(one, coded), prog.gpu_ops(one, plain))
+    pd.testing.assert_frame_equal(ph.gpu_pieces(ph._GpuArrays.build(coded)), ph.gpu_pieces(ph._GpuArrays.build(plain)))

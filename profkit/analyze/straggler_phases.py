@@ -97,10 +97,11 @@ def gpu_rows(events: pd.DataFrame, arrays: "EventArrays | None" = None) -> pd.Da
     mask = distinct.isin(events["kind"], schema.GPU_KINDS)
     named = arrays.factorized_names(events) if arrays is not None and "name" in events else None
     codes = named[0][mask] if named is not None else None
-    if codes is None or (codes < 0).any():  # a row without a name: taken as it is
-        return _rows(events, mask, GPU_ROW_COLUMNS)
+    categories = pd.Index(named[1], dtype=object) if named is not None else None
+    if codes is None or (codes < 0).any() or not categories.is_unique:  # a row without a name, or
+        return _rows(events, mask, GPU_ROW_COLUMNS)  # names that are not all distinct strings: as they are
     out = _rows(events, mask, tuple(c for c in GPU_ROW_COLUMNS if c != "name"))
-    names = pd.Categorical.from_codes(codes, categories=pd.Index(named[1], dtype=object))
+    names = pd.Categorical.from_codes(codes, categories=categories)
     out.insert(GPU_ROW_COLUMNS.index("name"), "name", pd.Series(names, index=out.index))
     return out
 
