@@ -2,6 +2,7 @@
 dead worker is retried or named, never a silent partial result (issue 9)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from profkit.analyze.pipeline import analyze
 from profkit.ingest.loader import load
 from profkit.scale import ScaleError, analyze_paths
+from profkit.scale.executors import START_ENV, start_method
 from profkit.analyze.stages import KILL_ENV
 from profkit.analyze.store import frame_to_table, table_to_frame
 
@@ -131,18 +133,54 @@ def test_a_pool_worker_killed_is_retried_once_then_named(dep32, serial, tmp_path
 
 
 def test_a_script_without_a_main_guard_is_told_why_every_worker_died(dep32, tmp_path):
-    """The pool spawns its workers, which import the main script: one that calls profkit at its top
-    level kills each of them at start-up. The error says so, not only "killed, or out of memory"."""
+    """Spawned workers import the main script: one that calls profkit at its top level kills each of
+    them at start-up, and the error says so, not only "killed, or out of memory". Forked workers
+    (the default on Linux) do not import it: the same script runs."""
     script = tmp_path / "no_guard.py"
     script.write_text("from profkit.scale import analyze_paths\n"
-                      f"analyze_paths([{str(dep32)!r}], executor='pool', workers=2)\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+                      f"a = analyze_paths([{str(dep32)!r}], executor='pool', workers=2)\n"
+                      "print('ranks', a.steps['rank'].nunique())\n")
+    env = {k: v for k, v in os.environ.items() if k != START_ENV}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**env, START_ENV: "spawn"})
     assert done.returncode != 0
     # the traceback's last line; not simply stderr's: on a loaded machine the multiprocessing resource
     # tracker may warn after it about semaphores the dying workers left (their pools' queues)
     errors = [line for line in done.stderr.splitlines() if line.startswith("profkit.errors.ScaleError: ")]
     assert errors, done.stderr[-2000:]
     assert "died twice" in errors[-1] and 'if __name__ == "__main__":' in errors[-1], errors[-1]
+    if sys.platform.startswith("linux"):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0 and "ranks 32" in done.stdout, done.stderr[-2000:]
+
+
+def test_pool_start_method_forks_only_without_other_threads(monkeypatch):
+    """fork only where it is safe (Linux, one Python thread: no lock of ours can be held in the
+    child); the environment variable overrides, and a wrong value is named."""
+    import threading
+
+    monkeypatch.delenv(START_ENV, raising=False)
+    fresh = subprocess.run([sys.executable, "-c", "from profkit.scale.executors import start_method; print(start_method())"],
+                           capture_output=True, text=True, check=True, env={k: v for k, v in os.environ.items() if k != START_ENV})
+    assert fresh.stdout.strip() == ("fork" if sys.platform.startswith("linux") else "spawn")  # a fresh interpreter: one thread
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        assert start_method() == "spawn"
+    finally:
+        stop.set()
+        worker.join()
+    monkeypatch.setenv(START_ENV, "Spawn")
+    assert start_method() == "spawn"
+    monkeypatch.setenv(START_ENV, "vfork")
+    with pytest.raises(ScaleError, match=START_ENV + ".*vfork"):
+        start_method()
+
+
+def test_spawned_and_forked_pools_give_the_same_tables(dep32, serial, monkeypatch):
+    monkeypatch.setenv(START_ENV, "spawn")
+    _assert_same(serial, analyze_paths([dep32], executor="pool", workers=2), "spawned pool")
 
 
 def test_cli_executors_write_identical_files(dep32, tmp_path):

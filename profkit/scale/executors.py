@@ -10,36 +10,70 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import threading
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
 from profkit.analyze.stages import SerialExecutor, stage_name
-from profkit.errors import ScaleError  # noqa: F401 - read as profkit.scale.ScaleError
+from profkit.errors import ScaleError
 
 EXECUTORS = ("serial", "pool", "dask")
+START_ENV = "PROFKIT_POOL_START"  # how pool workers start: fork, spawn or forkserver (default: start_method())
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def start_method() -> str:
+    """How the pool's workers start: ``PROFKIT_POOL_START`` if set; else ``fork`` on Linux while
+    this process runs one Python thread, else ``spawn``.
+
+    Why fork: a forked worker starts in milliseconds with every module this process imported,
+    where a spawned one imports pandas and the analysis again (~0.8 s of wall time before the
+    first task on 2 cores, measured: ``benchmarks/scale.py``), and the main script too. Why only
+    then: a thread of ours could hold a lock the child would wait on forever; the C libraries'
+    own threads (OpenBLAS, jemalloc) reset themselves at fork. macOS and Windows spawn."""
+    asked = os.environ.get(START_ENV, "").strip().lower()
+    if asked:
+        if asked not in START_METHODS or asked not in multiprocessing.get_all_start_methods():
+            raise ScaleError(f"{START_ENV}={asked!r}: not a start method here "
+                             f"(one of {', '.join(m for m in START_METHODS if m in multiprocessing.get_all_start_methods())})")
+        return asked
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
 
 
 class PoolExecutor(SerialExecutor):
-    """A local process pool (``spawn``: no threads of this process are forked into workers)."""
+    """A local process pool; its workers fork or spawn (``start_method``), once per pool."""
 
     name = "pool"
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = max(1, workers or os.cpu_count() or 1)
         self._pool: ProcessPoolExecutor | None = None
+        self.method = ""  # how the current pool's workers started
 
     def _get(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self.method = start_method()
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(self.method))
         return self._pool
+
+    def _submit_all(self, pool: ProcessPoolExecutor, fn: Callable, calls: Sequence[tuple], pending: list[int]) -> dict:
+        """Every pending call submitted; a forking pool forks its workers at the first submit, where
+        Python 3.12+ warns about the C libraries' threads (see ``start_method``): not ours to act on."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
+            return {i: pool.submit(fn, *calls[i]) for i in pending}
 
     def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
         results: dict[int, Any] = {}
         pending = list(range(len(calls)))
         for attempt in (1, 2):
             pool = self._get()
-            futures = {i: pool.submit(fn, *calls[i]) for i in pending}
+            futures = self._submit_all(pool, fn, calls, pending)
             broken: list[int] = []
             for i, fut in futures.items():
                 try:
@@ -55,7 +89,7 @@ class PoolExecutor(SerialExecutor):
             pending = broken
         names = ", ".join(labels[i] for i in pending)
         why = "killed, or out of memory?"
-        if len(pending) == len(calls) and not results:  # no task of the stage ever finished
+        if len(pending) == len(calls) and not results and self.method != "fork":  # no task of the stage ever finished
             why += (" If every task dies at once: the workers start by importing the main script (spawn), so a"
                     " script must call profkit under `if __name__ == \"__main__\":`")
         raise ScaleError(f"{names}: stage {stage_name(fn)!r}: the worker process died twice ({why})")
