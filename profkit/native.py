@@ -43,6 +43,7 @@ class Target:
     signatures: tuple[tuple[str, str], ...]  # (function, numba signature)
     home: Path  # the package folder whose ``__pycache__`` keeps the module when writable
     use_nrt: bool = False  # numba's reference counting: needed by a kernel that allocates arrays
+    release_gil: bool = False  # the exported wrappers release the GIL while the kernel runs (numba's nogil)
 
 
 def name(target: Target) -> str | None:
@@ -52,7 +53,8 @@ def name(target: Target) -> str | None:
     except importlib.metadata.PackageNotFoundError:
         return None
     sources = b"".join(path.read_bytes() for path in target.sources)
-    key = hashlib.blake2b(sources + repr(sorted(target.signatures)).encode() + repr(target.use_nrt).encode()
+    options = repr((target.use_nrt, target.release_gil) if target.release_gil else target.use_nrt)  # the same names as before the option
+    key = hashlib.blake2b(sources + repr(sorted(target.signatures)).encode() + options.encode()
                           + numba_version.encode() + sys.version.encode(), digest_size=8).hexdigest()
     return f"{target.prefix}_{key}"
 
@@ -147,8 +149,32 @@ def compile_target(target: Target, module: str, where: Path) -> None:
         cc.verbose = False
         for function, signature in target.signatures:
             cc.export(function, signature)(getattr(functions, function).py_func)
-        cc.compile()
+        if target.release_gil:
+            _compile_without_gil(cc)
+        else:
+            cc.compile()
         os.replace(Path(tmp) / module_path(target, module).name, module_path(target, module))
+
+
+def _compile_without_gil(cc) -> None:
+    """``cc.compile()`` with numba's ``release_gil`` flag on, so the exported wrappers drop the GIL
+    once their arguments are unboxed, as a ``nogil`` JIT function does: ``numba.pycc`` has no option
+    for it, but it takes its compile flags from ``numba.pycc.compiler.Flags``. A numba where that
+    is gone fails the build (remembered: the JIT serves), never builds a kernel that holds the GIL."""
+    from numba.pycc import compiler as pycc_compiler
+
+    base = pycc_compiler.Flags
+
+    class NoGilFlags(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.release_gil = True
+
+    pycc_compiler.Flags = NoGilFlags
+    try:
+        cc.compile()
+    finally:
+        pycc_compiler.Flags = base
 
 
 def why_not_built(target: Target, module: str | None) -> str:

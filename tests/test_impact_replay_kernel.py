@@ -140,11 +140,11 @@ def test_real_capture_programs_replay_the_same(folder, monkeypatch, kernel):
     assert forced_fast == forced_slow
     np.testing.assert_array_equal(fast, slow)
     # the whole impact table, the kernel's scenario blocks included, is the same either way; one
-    # scenario per block, so the JIT's blocks are replayed on threads side by side (the built
-    # module holds the GIL: one after the other)
+    # scenario per block, so the blocks are replayed on threads side by side (both kernels run
+    # without the GIL)
     monkeypatch.setattr(rp, "MIN_COMPILED_ROUNDS", 1)
     monkeypatch.setattr(imp, "SCENARIO_BLOCK_BYTES", 1)
-    assert rp.kernel_kind(g) == kernel and rp.releases_gil(g) == (kernel == "jit")
+    assert rp.kernel_kind(g) == kernel and rp.releases_gil(g)
     compiled = imp.what_if(a.impact, scen)
     monkeypatch.setenv(rp.NO_JIT_ENV, "1")
     pd.testing.assert_frame_equal(compiled, imp.what_if(a.impact, scen))
@@ -202,7 +202,7 @@ def test_the_built_kernel_serves_every_size_without_numba(monkeypatch):
     if rp.build_kernel() is None:
         pytest.skip(f"the replay cannot be built ahead of time here ({rp.why_kernel_not_built()})")
     g, _ = random_graph(np.random.default_rng(0), ranks=2, instances=5, swap_p=0.0)
-    assert rp.kernel_kind(g) == "built" and not rp.releases_gil(g)
+    assert rp.kernel_kind(g) == "built" and rp.releases_gil(g)
     assert not rp.warm_up()  # nothing to load in the background
     code = ("import sys, numpy as np; from profkit.analyze import impact_replay as rp; "
             "g = rp._empty_graph(); print(rp.kernel_kind(g), 'numba' in sys.modules, 'llvmlite' in sys.modules)")
@@ -210,3 +210,48 @@ def test_the_built_kernel_serves_every_size_without_numba(monkeypatch):
     assert out == ["built", "False", "False"], out
     monkeypatch.setenv(rp.NO_JIT_ENV, "1")
     assert rp.kernel_kind(g) is None
+
+
+def test_the_built_kernel_releases_the_gil():
+    """The module built ahead of time drops the GIL while it replays (``native.Target.release_gil``),
+    as ``releases_gil`` tells the impact, which then replays scenario blocks on threads. With a
+    switch interval of an hour, this thread never hands the GIL over while it runs Python code, so
+    the counting thread can tick during the call only if the kernel released it: no pass by chance.
+    (A few tries: a busy machine may not schedule the counter within one call.)"""
+    import sys
+    import threading
+    import time
+
+    pytest.importorskip("numba")
+    if rp.build_kernel() is None:
+        pytest.skip(f"the replay cannot be built ahead of time here ({rp.why_kernel_not_built()})")
+    g, n_edges = random_graph(np.random.default_rng(5), ranks=8, instances=2000, swap_p=0.0)
+    assert rp.kernel_kind(g) == "built"
+    kernel = rp._built()
+    args = rp.kernel_args(g, np.ones((n_edges, 256), np.int64))
+    ticks, stop = [0], threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0)  # hands the GIL back at once: the replaying thread never waits for it
+
+    interval = sys.getswitchinterval()
+    counter = threading.Thread(target=count)
+    counter.start()
+    seen = []
+    try:
+        while ticks[0] == 0:
+            time.sleep(0.001)
+        sys.setswitchinterval(3600)
+        for _ in range(5):
+            before = ticks[0]
+            kernel(*args)
+            seen.append(ticks[0] - before)
+            if seen[-1] > 0:
+                break
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        counter.join()
+    assert seen[-1] > 0, seen

@@ -155,10 +155,12 @@ def _naive_phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.nd
     return pd.DataFrame(out, columns=ph_mod.EXCESS_COLUMNS)
 
 
+@pytest.mark.parametrize("layout", ["shuffled", "sorted", "sparse ids"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_phase_excess_matches_its_definition(seed, monkeypatch):
+def test_phase_excess_matches_its_definition(seed, layout, monkeypatch):
     """Random windows (participants 1-5, some without a phase, ties, zero times) against the
-    one-at-a-time reference; blocks of 7 pair rows exercise the bounded-memory path."""
+    one-at-a-time reference; blocks of 7 pair rows exercise the bounded-memory path. Window ids
+    dense or far apart (a table by id, or a search), the windows table sorted by id or not."""
     rng = np.random.default_rng(seed)
     win_rows, ph_rows = [], []
     for w in rng.permutation(12):
@@ -170,6 +172,11 @@ def test_phase_excess_matches_its_definition(seed, monkeypatch):
                                 int(rng.choice([0, 5, 10, 10, 30, int(rng.integers(1, 100))]))))
     windows = pd.DataFrame(win_rows, columns=["window", "rank"]).assign(start_ns=0, end_ns=1)
     phases = pd.DataFrame(ph_rows, columns=ph_mod.PHASE_COLUMNS)
+    if layout == "sorted":
+        windows = windows.sort_values("window", kind="stable").reset_index(drop=True)
+    elif layout == "sparse ids":
+        windows["window"] = windows["window"] * 1_000_003 - 5
+        phases["window"] = phases["window"] * 1_000_003 - 5
     rows = rng.random(len(windows)) < 0.7
     want = _naive_phase_excess(phases, windows, rows)
     got = ph_mod.phase_excess(phases, windows, rows)

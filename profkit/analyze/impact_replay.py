@@ -201,7 +201,8 @@ _BUILT_SIGNATURE = ("i8(i8[::1], i8[:, ::1], i8[:, ::1], i8[:, ::1], b1[::1], b1
                     "i8[::1], i8[::1], i8[:, ::1], i8[:, ::1], b1, i8[:, ::1])")
 BUILT_TARGET = native.Target("_profkit_replay", "profkit.analyze.replay_kernel",
                              (Path(__file__).with_name("replay_kernel.py"),), (("replay_points", _BUILT_SIGNATURE),),
-                             Path(__file__).parent, use_nrt=True)  # the kernel allocates its work arrays
+                             Path(__file__).parent, use_nrt=True,  # the kernel allocates its work arrays
+                             release_gil=True)  # scenario blocks replay side by side on threads
 
 
 @functools.lru_cache(maxsize=1)
@@ -255,9 +256,9 @@ def compiled(g: ReplayGraph) -> bool:
 
 
 def releases_gil(g: ReplayGraph) -> bool:
-    """Whether the replay of ``g`` runs without the GIL (numba's JIT kernel), so scenario blocks
-    replay side by side on threads; the module built ahead of time holds it."""
-    return kernel_kind(g) == "jit"
+    """Whether the replay of ``g`` runs without the GIL, so scenario blocks replay side by side on
+    threads: both compiled kernels do (numba's JIT one is ``nogil``, the built one is built so)."""
+    return kernel_kind(g) is not None
 
 
 def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None,
@@ -281,6 +282,13 @@ def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None,
     else:
         from profkit.analyze.replay_kernel import replay_points
 
+    args = kernel_args(g, cut, node_cut)
+    forced = replay_points(*args)
+    return args[-1], int(forced)
+
+
+def kernel_args(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None) -> list:
+    """The compiled kernel's arguments for ``replay``'s inputs; the last is the deltas it fills."""
     s_count = cut.shape[1] if cut.ndim == 2 else 1
     delta = np.zeros((g.n, s_count), np.int64)
     cut2 = np.ascontiguousarray(cut.reshape(len(cut), s_count), dtype=np.int64)
@@ -293,8 +301,7 @@ def replay(g: ReplayGraph, cut: np.ndarray, node_cut: np.ndarray | None = None,
         (g.offsets, np.int64), (g.in_src, np.int64), (g.in_edge, np.int64), (g.in_slack, np.int64),
         (g.is_exit, np.bool_), (g.is_arrive, np.bool_), (g.inst, np.int64), (g.arr_nodes, np.int64),
         (g.arr_slack, np.int64), (g.arr_bounds, np.int64), (g.nodes["time_ns"].to_numpy(np.int64), np.int64))]
-    forced = replay_points(*a, cut2, nc, use_node_cut, delta)
-    return delta, int(forced)
+    return [*a, cut2, nc, use_node_cut, delta]
 
 
 WARM_UP_EVENTS = 250_000  # events on one rank from which a run warms the kernel up while workers prepare

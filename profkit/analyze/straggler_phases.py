@@ -705,22 +705,22 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
     want = windows if rows is None else windows[rows]
     if not len(phases) or not len(want):
         return _empty_coded(names, categories)
-    w_ids, n_per = np.unique(windows["window"].to_numpy(np.int64), return_counts=True)
+    w_ids, n_per = _counts(windows["window"].to_numpy(np.int64))
     want_w = want["window"].to_numpy(np.int64)
-    pw = phases["window"].to_numpy(np.int64)
     ns = phases["ns"].to_numpy(np.int64)
-    keep = np.isin(pw, want_w) & (ns > 0)
+    keep, w_pos = _window_positions(phases["window"].to_numpy(np.int64), w_ids, want_w)
+    keep &= ns > 0
     if not keep.any():
         return _empty_coded(names, categories)
-    pw, ns, pr = pw[keep], ns[keep], phases["rank"].to_numpy(np.int64)[keep]
+    w_pos, ns, pr = w_pos[keep], ns[keep], phases["rank"].to_numpy(np.int64)[keep]
     pc, cc = p_codes[keep], c_codes[keep]
     del keep
     # one stable sort by (window, phase in order of first appearance, ns), as one int64 key
     seen = pd.unique(pc)
     local = np.zeros(max(len(names), 1), np.int64)
     local[seen] = np.arange(seen.size)
-    group_key = np.searchsorted(w_ids, pw) * np.int64(seen.size) + local[pc]  # every kept window has a row in windows
-    del pw, pc
+    group_key = w_pos * np.int64(seen.size) + local[pc]  # every kept window has a row in windows
+    del w_pos, pc
     top = int(ns.max()) + 1
     if int(group_key.max()) < np.iinfo(np.int64).max // top:
         key = group_key * top + ns
@@ -800,6 +800,33 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
     if not bounds[-1]:
         return _empty_coded(names, categories)
     return CodedExcess(pd.DataFrame(cols, copy=False), names, categories)
+
+
+def _counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_counts=True)``, without its sort where the values are sorted
+    already (the windows tables are, by window)."""
+    if values.size and bool((values[1:] >= values[:-1]).all()):
+        first = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+        return values[first], np.diff(np.r_[first, values.size])
+    return np.unique(values, return_counts=True)
+
+
+def _window_positions(pw: np.ndarray, w_ids: np.ndarray, want_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each phase row's window is one of ``want_w``, the position of its window in
+    ``w_ids``: sorted, distinct, holding every wanted one): ``np.isin`` and ``np.searchsorted``,
+    read from a table indexed by window id where the ids are dense (they are numbered from 0)."""
+    if not w_ids.size:
+        return np.zeros(pw.size, bool), np.zeros(pw.size, np.int64)
+    first, span = int(w_ids[0]), int(w_ids[-1]) - int(w_ids[0]) + 1
+    if span > 4 * w_ids.size + 4096:  # sparse ids: a table would be mostly empty
+        return np.isin(pw, want_w), np.searchsorted(w_ids, pw)
+    pos_of = np.zeros(span + 1, np.int64)  # the last slot: ids outside w_ids' range
+    pos_of[w_ids - first] = np.arange(w_ids.size)
+    wanted = np.zeros(span + 1, bool)
+    wanted[want_w - first] = True
+    at = pw - first
+    at[(at < 0) | (at >= span)] = span
+    return wanted[at], pos_of[at]
 
 
 def _other_at(i: np.ndarray, pos: np.ndarray, n: np.ndarray, z: np.ndarray, first_row: np.ndarray,
