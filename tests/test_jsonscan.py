@@ -151,6 +151,39 @@ def test_random_events_of_the_scanned_shapes_read_as_typed(tmp_path, monkeypatch
     assert native.table["coll_name"].null_count < native.table.num_rows
 
 
+# a byte that ends a run of plain string bytes (as written in JSON), or a plain one that looks special
+_STRING_BYTES = ['\\"', "\\\\", "\\u00e9", "\\n", "é", "名", "\x7f", "!", "#", "[", "]"]
+
+
+def test_strings_of_every_length_and_position_read_as_typed(tmp_path, monkeypatch, kernel):
+    """The scanner skips strings 8 bytes at a time, jumping to the first quote, backslash or
+    control byte of a word: every kind of byte at every position of strings of 0-40 bytes, in
+    names (a name with an escape declines its piece), args keys, args values and unknown keys,
+    read as the typed reader reads them (every piece scanned); and a raw control byte at any
+    position is broken JSON."""
+    events, broken = [], []
+    for length in range(41):
+        for at in range(max(length, 1)):
+            for special in (_STRING_BYTES if length else [""]):
+                text = "a" * at + special + "b" * max(length - at - 1, 0)
+                plain = text if "\\" not in special else "a" * length  # names and keys with escapes decline a piece
+                events.append('{"ph": "X", "cat": "kernel", "name": "' + plain + '", "ts": 1.5, "dur": 2, "pid": 0, '
+                              '"tid": 7, "args": {"device": 0, "' + plain + 'x": "' + text + '", "stream": 3}, '
+                              '"' + plain + 'y": ["' + text + '"]}')
+            if length:
+                broken.append("a" * at + "\x01" + "b" * (length - at - 1))
+    path = tmp_path / "strings.json"
+    path.write_text('{"traceEvents": [' + ",".join(events) + "]}", encoding="utf-8")
+    for chunk in (4 << 10, 1 << 20):
+        native, typed, count = read_scanned_and_typed(path, monkeypatch, chunk)
+        assert_same(native, typed)
+        assert not count["declined"] and native.table.num_rows == len(events), count
+    for text in broken:
+        for where in (f'"name": "{text}"', f'"args": {{"device": 0, "note": "{text}"}}'):
+            data = _piece([ROW, ROW.replace('"name": "k"', where) if "name" in where else ROW.replace('"args": {"device": 0}', where)])
+            assert scanned.decode(memoryview(data)) is None, where
+
+
 def _row(cat: str, name: str, args: dict) -> str:
     return json.dumps({"ph": "X", "cat": cat, "name": name, "ts": 1.5, "dur": 2, "pid": 7, "tid": 1, "args": args})
 

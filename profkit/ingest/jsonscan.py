@@ -22,12 +22,18 @@ parser gives); others are flagged for the caller's correctly rounded parse (Arro
 
 Speed: every function is compiled with ``_nrt=False`` (no reference counting: the caller
 allocates every array) and the small helpers are inlined; a call passing arrays with numba's
-reference counting cost about as much as the scanning itself. ~0.7 GB/s of compact JSON here.
+reference counting cost about as much as the scanning itself. Strings are skipped 8 bytes at a
+time (``_string``). ~0.5 GB/s of Kineto's compact JSON here.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.core import types
+from numba.extending import intrinsic
 
 from profkit.ingest.scanned import (C_CAT_E, C_CAT_S, C_CORR, C_DEV, C_DUR_E, C_DUR_S, C_EV_E, C_EV_S, C_FLAGS,
                                     C_NAME_E, C_NAME_S, C_PID, C_STREAM, C_TID, C_TS_E, C_TS_S, DEFER,
@@ -56,12 +62,66 @@ def _hex(c):  # pragma: no cover - compiled
     return (48 <= c <= 57) or (65 <= c <= 70) or (97 <= c <= 102)
 
 
+@intrinsic
+def _load8(typingctx, arr, idx):
+    """The 8 bytes ``arr[idx:idx + 8]`` as one little-endian uint64 (an unaligned load; the
+    caller keeps ``idx + 8 <= len(arr)``)."""
+    sig = types.uint64(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
+
+    return sig, codegen
+
+
+_LITTLE = sys.byteorder == "little"  # ``_string``'s 8-byte reads find the first byte as the lowest: else byte by byte
+_ONES = np.uint64(0x0101010101010101)
+_HIGHS = np.uint64(0x8080808080808080)
+_QUOTES = np.uint64(0x2222222222222222)
+_SLASHES = np.uint64(0x5C5C5C5C5C5C5C5C)
+_CONTROLS = np.uint64(0x2020202020202020)  # 0x20 in every byte: bytes below it are control characters
+
+
+@intrinsic
+def _low_zeros(typingctx, w):
+    """The number of trailing zero bits of the uint64 ``w`` (64 for 0)."""
+    sig = types.uint64(w)
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _specials8(w):  # pragma: no cover - compiled
+    """A mask of the 8 bytes in ``w`` (little-endian) that end a run of plain string bytes: a
+    quote, a backslash or a control character. The lowest set bit is exact (the first such byte);
+    borrows may flag later bytes too, which is never used."""
+    q = w ^ _QUOTES
+    s = w ^ _SLASHES
+    return (((q - _ONES) & ~q) | ((s - _ONES) & ~s) | ((w - _CONTROLS) & ~w)) & _HIGHS
+
+
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _string(b, i, n):  # pragma: no cover - compiled
-    """``b[i]`` is a quote: (index after the closing quote, whether it holds escapes); -1 if invalid."""
+    """``b[i]`` is a quote: (index after the closing quote, whether it holds escapes); -1 if invalid.
+    Reads 8 bytes at a time (``_specials8``) while 8 are left before ``n``, jumping to the first
+    byte that is not plain; the last few bytes one by one. (Kernel names and args keys are most
+    of a trace's bytes: a quarter less time per scan than byte by byte, measured.)"""
     i += 1
     esc = False
-    while i < n:
+    while True:
+        if _LITTLE and i + 8 <= n:
+            t = _specials8(_load8(b, i))
+            if t == np.uint64(0):
+                i += 8
+                continue
+            i += np.int64(_low_zeros(t) >> np.uint64(3))
+        elif i >= n:
+            return -1, esc
         c = b[i]
         if c == 34:
             return i + 1, esc
@@ -82,7 +142,6 @@ def _string(b, i, n):  # pragma: no cover - compiled
         if c < 32:
             return -1, esc
         i += 1
-    return -1, esc
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
@@ -229,6 +288,19 @@ def _value(b, i, n, pow10, stack):  # pragma: no cover - compiled
                 i += 1
                 continue
             return -1
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _scalar_or_value(b, i, n, pow10, stack):  # pragma: no cover - compiled
+    """``_value``, with the common values (a number, a string) read here, not through a call."""
+    c = b[i]
+    if c == 45 or 48 <= c <= 57:
+        i, kind, _, _ = _number(b, i, n, pow10)
+        return -1 if kind == _BAD else i
+    if c == 34:
+        i, _ = _string(b, i, n)
+        return i
+    return _value(b, i, n, pow10, stack)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
@@ -496,7 +568,7 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                             scratch[1, slot] = va
                             scratch[2, slot] = vb
                         else:
-                            i = _value(b, i, hi, pow10, stack)
+                            i = _scalar_or_value(b, i, hi, pow10, stack)
                             if i < 0:
                                 return DEFER, rows, flows, n_rare
                         i, more = _next_member(b, i, hi)
@@ -505,7 +577,7 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                         if not more:
                             break
             else:
-                i = _value(b, i, hi, pow10, stack)
+                i = _scalar_or_value(b, i, hi, pow10, stack)
                 if i < 0:
                     return DEFER, rows, flows, n_rare
             i, more = _next_member(b, i, hi)
