@@ -36,9 +36,9 @@ def start_method() -> str:
     own threads (OpenBLAS, jemalloc) reset themselves at fork. macOS and Windows spawn."""
     asked = os.environ.get(START_ENV, "").strip().lower()
     if asked:
-        if asked not in START_METHODS or asked not in multiprocessing.get_all_start_methods():
-            raise ScaleError(f"{START_ENV}={asked!r}: not a start method here "
-                             f"(one of {', '.join(m for m in START_METHODS if m in multiprocessing.get_all_start_methods())})")
+        here = [m for m in START_METHODS if m in multiprocessing.get_all_start_methods()]
+        if asked not in here:
+            raise ScaleError(f"{START_ENV}={asked!r}: not a start method here (one of {', '.join(here)})")
         return asked
     if sys.platform.startswith("linux") and threading.active_count() == 1:
         return "fork"
