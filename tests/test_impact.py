@@ -578,3 +578,45 @@ def test_outputs_lead_with_impact(sim_runs, tmp_path, capsys):
     assert gc["delta_lo_ns"] <= gc["delta_ns"] <= gc["delta_hi_ns"]
     assert {c["cause"] for c in changes} >= {imp.GPU_ONLY, imp.MEDIAN_RANK}
     assert render_impact(pd.DataFrame(changes)).splitlines()[0].startswith("Impact (what-if replay)")
+
+
+# ---- the programs' GPU work, summed once the stragglers' kernels are known ----------------------
+@pytest.mark.parametrize("folder", ["engine-dep4-h200-capture/torch_faults", "vllm-0.26-h200/nsys_faults",
+                                    "public-hta-2rank"])
+def test_a_program_whose_gpu_work_is_added_later_is_the_one_built_with_it(folder, monkeypatch):
+    """The driver learns which kernels are the stragglers' GPU phases only after the programs are
+    built (the two maps run side by side): each program is built without its GPU-lane work
+    (``defer_gpu``) and the wanted kernels' rows are summed over its kept windows later
+    (``gpu_work_rows``) and put in place (``join_gpu_work``). That must be exactly the program
+    built with the phases known, for every choice of phases: none, the capture's real
+    stragglers' (what the pipeline asks for), one kernel, all of them. Real captures (H200 engine
+    and vLLM, and the public HTA pair: kernels named by someone else)."""
+    calls = []
+    build = prog.rank_program
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(prog, "rank_program", spy)
+    a = analyze_paths([SAMPLES / folder], executor="serial")
+    monkeypatch.undo()
+    assert calls and all(kw.get("defer_gpu") is True for _, kw in calls)  # the pipeline defers
+    stragglers = frozenset(imp.straggler_gpu_phases(a.stragglers))
+    with_gpu_work = 0
+    for args, _ in calls:
+        rank, gpu_pieces = args[0], args[5]
+        full = prog.rank_program(*args, gpu_phases=None)
+        kernels = sorted(set(full.work.loc[full.work["lane"] == prog.GPU, "phase"]))
+        deferred = prog.rank_program(*args, defer_gpu=True)
+        assert deferred.gpu_windows is not None and (deferred.work["lane"] != prog.GPU).all()
+        with_gpu_work += len(kernels) > 0
+        for phases in (frozenset(), stragglers, frozenset(kernels[:1]), frozenset(kernels), None):
+            want = full if phases is None else prog.rank_program(*args, gpu_phases=phases)
+            rows = prog.gpu_work_rows(rank, deferred.gpu_windows, gpu_pieces,
+                                      set(kernels) | {"gpu:absent"} if phases is None else phases)
+            got = prog.join_gpu_work(deferred, rows)
+            for table in ("nodes", "edges", "work"):
+                pd.testing.assert_frame_equal(getattr(got, table), getattr(want, table), check_exact=True)
+            assert (got.residual_ns, got.notes, got.gpu_work_at, got.gpu_windows) == (want.residual_ns, want.notes, -1, None)
+    assert with_gpu_work  # the captures have GPU work to defer

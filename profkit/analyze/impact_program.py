@@ -58,7 +58,7 @@ Inputs (all int64 ns on the aligned clock, one rank's rows each):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -175,6 +175,43 @@ class RankProgram:
     work: pd.DataFrame  # WORK_COLUMNS: removable time per (edge, phase); phases by name
     residual_ns: int = 0
     notes: tuple[str, ...] = ()
+    gpu_work_at: int = -1  # built with ``defer_gpu``: where its GPU-lane rows go in ``work`` (-1: they are in)
+    gpu_windows: pd.DataFrame | None = None  # built with ``defer_gpu``: GPU_WINDOW_COLUMNS, for ``gpu_work_rows``
+
+
+def gpu_work_rows(rank: int, windows: pd.DataFrame, gpu_pieces: pd.DataFrame,
+                  gpu_phases: set[str] | frozenset[str]) -> pd.DataFrame:
+    """The GPU-lane ``work`` rows of a program built with ``defer_gpu`` (its ``gpu_windows``), of
+    the kernels in ``gpu_phases`` only: the rows ``rank_program(..., gpu_phases=gpu_phases)`` has.
+
+    Why deferred: which kernels' time a replay may remove is known only once the straggler
+    verdicts are made; the programs are built beside them (``pipeline.run_stages``), and summing
+    every kernel's pieces over every GPU edge would cost more than the whole rest of a program."""
+    gp = gpu_pieces[gpu_pieces["rank"].to_numpy(np.int64) == rank] if len(gpu_pieces) else gpu_pieces
+    if len(gp):
+        gp = gp[gp["phase"].isin(list(gpu_phases)).to_numpy(dtype=bool)]
+    parts = _gpu_parts(windows, _pieces_arrays(gp))
+    if not parts:
+        return _compact(_empty_work(), WORK_DTYPES)
+    edge = np.concatenate([p[0] for p in parts])
+    step_of = np.full(int(windows["edge"].max()) + 1, -1, np.int64)
+    step_of[windows["edge"].to_numpy(np.int64)] = windows["step"].to_numpy(np.int64)
+    rows = pd.DataFrame({"rank": np.full(edge.size, rank, np.int64), "edge": edge, "step": step_of[edge],
+                         "lane": np.full(edge.size, GPU, np.int64),
+                         "phase": pd.Series(np.concatenate([p[1] for p in parts]), dtype=object),
+                         "ns": np.concatenate([p[2] for p in parts])})
+    return _compact(rows, WORK_DTYPES)
+
+
+def join_gpu_work(program: RankProgram, gpu_rows: pd.DataFrame | None) -> RankProgram:
+    """A program built with ``defer_gpu`` with its GPU-lane rows (``gpu_work_rows``) in place:
+    the program ``rank_program`` builds with the same ``gpu_phases``."""
+    if program.gpu_work_at < 0:
+        raise ValueError(f"rank {program.rank}: the program's GPU work was not deferred")
+    at, work = program.gpu_work_at, program.work
+    if gpu_rows is not None and len(gpu_rows):
+        work = pd.concat([work.iloc[:at], gpu_rows, work.iloc[at:]], ignore_index=True)
+    return replace(program, work=work, gpu_work_at=-1, gpu_windows=None)
 
 
 # phases of the host timeline that are the host waiting, never work to remove
@@ -198,12 +235,14 @@ def _blocked(phase: np.ndarray, category: np.ndarray) -> np.ndarray:
 
 def rank_program(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame, host_pieces: pd.DataFrame,
                  gpu_ops_table: pd.DataFrame, gpu_pieces: pd.DataFrame,
-                 gpu_phases: set[str] | frozenset[str] | None = None) -> RankProgram:
+                 gpu_phases: set[str] | frozenset[str] | None = None, defer_gpu: bool = False) -> RankProgram:
     """Build one rank's replay program (see the module docstring) from its own tables.
 
     ``gpu_phases``: the ``gpu:<kernel>`` phases whose time to keep as removable work (the ones a
     scenario may remove: the stragglers' GPU phases); None keeps every kernel's. The GPU lane's
-    structure (points, busy and idle time, anchors) does not depend on it."""
+    structure (points, busy and idle time, anchors) does not depend on it. ``defer_gpu``: leave
+    the GPU-lane work rows out, and keep the windows they are summed over (``gpu_windows``) for
+    ``gpu_work_rows`` and ``join_gpu_work`` once the phases are known."""
     hp = host_pieces[host_pieces["rank"].to_numpy(np.int64) == rank] if len(host_pieces) else host_pieces
     gp = gpu_pieces[gpu_pieces["rank"].to_numpy(np.int64) == rank] if len(gpu_pieces) else gpu_pieces
     if gpu_phases is not None and len(gp):
@@ -221,6 +260,7 @@ def rank_program(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame, host_piece
 
     b = _Builder(rank, t0)
     b.host_codes = (ph_codes, ph_names, cat_codes, cat_names)
+    b.defer_gpu = defer_gpu
     # sync points
     sy_lane = sy["lane"].astype(str).to_numpy()
     for lane_name, lane in LANE_NAMES.items():
@@ -309,6 +349,9 @@ class _Builder:
         self.resume_of: dict[int, tuple[int, int, int]] = {}  # resume -> (its GPU-done point, host wait, GPU idle)
         self.sync_phase: dict[int, str] = {}  # resume point -> the name of the sync it waited in
         self.notes: list[str] = []
+        self.defer_gpu = False  # ``rank_program``'s: GPU-lane work rows left for ``gpu_work_rows``
+        self.gpu_windows: pd.DataFrame | None = None
+        self.gpu_at = -1
 
     def add(self, lane: int, kind: int, t: int, instance: int = -1, step: int = -1) -> int:
         for c, v in (("lane", lane), ("kind", kind), ("time", max(int(t), self.t0)), ("instance", instance),
@@ -495,7 +538,8 @@ class _Builder:
                                       "ns": ns.astype(np.int64)})
                 work = pd.concat([work, extra], ignore_index=True) if len(work) else extra
         return RankProgram(self.rank, _compact(nodes, NODE_DTYPES), _compact(edges, EDGE_DTYPES),
-                           _compact(work, WORK_DTYPES), int(residual), tuple(self.notes))
+                           _compact(work, WORK_DTYPES), int(residual), tuple(self.notes),
+                           gpu_work_at=self.gpu_at, gpu_windows=self.gpu_windows)
 
     def _order(self, n, time, e_src, e_kind, alive, host_idx, gpu_idx) -> np.ndarray:
         """Merge the two lanes into one evaluation order in which every source comes first
@@ -574,25 +618,20 @@ class _Builder:
             first, last = int(st["start_ns"].min()), int(st["end_ns"].max())
             lo_t, hi_t = np.maximum(lo_t, first), np.minimum(hi_t, last)
         parts = []
-        for wl, pieces in ((HOST, (h_s, h_e, h_ph, h_cat)), (GPU, _pieces_arrays(gp))):
-            m = (e_lane == wl) & (src >= 0)
-            ps, pe, ph, cat = pieces
-            if not m.any() or not ps.size:
-                continue
-            coded = self.host_codes if wl == HOST else None
-            keep = ~(_wait_mask(ph, cat, coded) | _waiting_on_gpu(ph, cat)) if wl == HOST else np.ones(ps.size, bool)
-            got = _window_sums(ps[keep], pe[keep], ph[keep], lo_t[m], hi_t[m], eid[m],
+        m = (e_lane == HOST) & (src >= 0)
+        if m.any() and h_s.size:
+            coded = self.host_codes
+            keep = ~(_wait_mask(h_ph, h_cat, coded) | _waiting_on_gpu(h_ph, h_cat))
+            got = _window_sums(h_s[keep], h_e[keep], h_ph[keep], lo_t[m], hi_t[m], eid[m],
                                (coded[0][keep], coded[1]) if coded is not None else None)
             if got is not None:
-                parts.append((wl,) + got)
-            if wl == GPU:
-                kinds = edges["kind"].to_numpy(np.int64)
-                for which in (0, 1):  # anchors of one kind have disjoint windows
-                    a = (kinds == CROSS) & (anchor_ops[1] == which)
-                    if a.any():
-                        got = _window_sums(ps, pe, ph, np.maximum(anchor_ops[0][a], lo_t[a]), hi_t[a], eid[a])
-                        if got is not None:
-                            parts.append((wl,) + got)
+                parts.append((HOST,) + got)
+        windows = _gpu_windows(e_lane, src, edges["kind"].to_numpy(np.int64), anchor_ops, lo_t, hi_t, eid)
+        if self.defer_gpu:
+            self.gpu_at = int(sum(p[1].size for p in parts))
+            self.gpu_windows = windows.assign(step=_step_at(st, t[dst[windows["edge"].to_numpy(np.int64)]]))
+        else:
+            parts += [(GPU,) + got for got in _gpu_parts(windows, _pieces_arrays(gp))]
         if not parts:
             return _empty_work()
         lane = np.concatenate([np.full(p[1].size, p[0], np.int64) for p in parts])
@@ -602,6 +641,42 @@ class _Builder:
         step = _step_at(st, t[dst[edge]])  # edge ids are row numbers of ``edges``
         return pd.DataFrame({"rank": np.full(edge.size, self.rank, np.int64), "edge": edge, "step": step,
                              "lane": lane, "phase": pd.Series(phase, dtype=object), "ns": ns})
+
+
+GPU_WINDOW_COLUMNS = ["kind", "edge", "lo_ns", "hi_ns", "step"]  # kind: 0 a GPU-lane edge, 1 and 2 the anchors
+
+
+def _gpu_windows(e_lane, src, kinds, anchor_ops, lo_t, hi_t, eid) -> pd.DataFrame:
+    """The time ranges ``gpu:<kernel>`` pieces are summed over: each GPU-lane edge's, and each
+    anchor edge's from its op's start to its point (GPU work removed there also shortens the path
+    from that launch). None at all without a GPU-lane edge."""
+    m = (e_lane == GPU) & (src >= 0)
+    if not m.any():
+        return pd.DataFrame({c: np.empty(0, np.int64) for c in GPU_WINDOW_COLUMNS[:4]})
+    sel = [(0, m, lo_t[m])]
+    for which in (0, 1):  # anchors of one kind have disjoint windows
+        a = (kinds == CROSS) & (anchor_ops[1] == which)
+        sel.append((1 + which, a, np.maximum(anchor_ops[0][a], lo_t[a])))
+    return pd.DataFrame({"kind": np.concatenate([np.full(int(a.sum()), k, np.int64) for k, a, _ in sel]),
+                         "edge": np.concatenate([eid[a] for _, a, _ in sel]),
+                         "lo_ns": np.concatenate([lo for _, _, lo in sel]),
+                         "hi_ns": np.concatenate([hi_t[a] for _, a, _ in sel])})
+
+
+def _gpu_parts(windows: pd.DataFrame, pieces: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]]:
+    """(edge, phase, ns) of the pieces inside each kind of ``_gpu_windows``, in kind order."""
+    ps, pe, ph, _ = pieces
+    if not len(windows) or not ps.size:
+        return []
+    kind = windows["kind"].to_numpy(np.int64)
+    edge, lo, hi = (windows[c].to_numpy(np.int64) for c in ("edge", "lo_ns", "hi_ns"))
+    out = []
+    for k in (0, 1, 2):
+        w = kind == k
+        got = _window_sums(ps, pe, ph, lo[w], hi[w], edge[w]) if w.any() else None
+        if got is not None:
+            out.append(got)
+    return out
 
 
 def _merged_order(n: int, time: np.ndarray, e_src: np.ndarray, e_kind: np.ndarray, alive: np.ndarray,

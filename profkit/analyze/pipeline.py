@@ -129,13 +129,17 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     if matched is not None:  # finish_stragglers reads the instances only to match them: they are matched
         plan.instances = None  # every rank's collective rows: the largest table the driver would keep
     del instances
-    # map 3 + reduce: phase sums in the straggler windows and the causes, then the verdicts
+    # maps 3 and 4, submitted together: phase sums in the straggler windows and the causes (the
+    # verdicts are made of them here, while the workers go on to the map after), then each
+    # rank's replay program (but its GPU work: which kernels are the stragglers' is a verdict)
     by_rank = dict(iter(arrivals.groupby("rank", sort=False))) if arrivals is not None else {}
-    fin = ex.map(stages.finish_task,
-                 [(r, plan.windows(r) if plan.measured else None, by_rank.get(r), store, keep_aligned)
-                  for r in ranks], labels)
-    stats += [f.stats for f in fin]
+    finishing = ex.submit(stages.finish_task,
+                          [(r, plan.windows(r) if plan.measured else None, by_rank.get(r), store, keep_aligned)
+                           for r in ranks], labels)
     del arrivals, by_rank
+    programs = _submit_programs(plan, steps, store, ex, ranks, labels)
+    fin = finishing.results()
+    stats += [f.stats for f in fin]
     phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
     for f in fin:
         f.phases = None
@@ -146,10 +150,11 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
     del fin
     plan.host_w = plan.gpu_w = plan.acc_w = None  # the windows were summed: the verdicts are made
+    plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the programs hold what is left to use
     _trim()
     episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
-    # map 4 + reduce: each rank's replay program, then the what-if replay over all of them
-    impact = _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels, stats)
+    # reduce of map 4: the what-if replay over every rank's program
+    impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats)
     charged = None
     if keep_aligned:
         charged = _concat([store.get(stages.charged_key(r)) for r in ranks], overhead._empty_charged())
@@ -237,22 +242,38 @@ def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:
     return decide_sync_names(pd.concat(facts, ignore_index=True), sample)
 
 
-def _impact(plan, steps, causes, cause_steps, per_rank, store, ex, ranks, labels, stats):
-    """The impact table: per-rank programs on the executor, the replay on the driver."""
+def _submit_programs(plan, steps: pd.DataFrame, store, ex, ranks: list[int], labels: list[str]):
+    """Map 4 submitted: each rank's replay program (``stages.impact_task``) from its sync points
+    and steps, its GPU work left for ``_impact`` (only the stragglers' kernels are summed)."""
+    from profkit.analyze import impact_program
+
+    syncs = impact_program.syncs_from_arrivals(plan.arrivals)
+    by_rank = dict(iter(syncs.groupby("rank", sort=False))) if len(syncs) else {}
+    del syncs
+    steps_by_rank = dict(iter(steps.groupby("rank", sort=False))) if len(steps) else {}
+    return ex.submit(stages.impact_task,
+                     [(r, by_rank.get(r, impact_program.empty_syncs()), steps_by_rank.get(r), store, None)
+                      for r in ranks], labels)
+
+
+def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats):
+    """The impact table: the per-rank programs (``_submit_programs``) with the GPU work of the
+    straggler ranks' GPU phases (a small map, where they have any), the replay on the driver."""
     from profkit.analyze import impact as impact_mod
     from profkit.analyze import impact_program
     from profkit.analyze import impact_replay as rp
 
-    syncs = impact_program.syncs_from_arrivals(plan.arrivals)
-    plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the syncs hold what is left to use
-    by_rank = dict(iter(syncs.groupby("rank", sort=False))) if len(syncs) else {}
-    steps_by_rank = dict(iter(steps.groupby("rank", sort=False))) if len(steps) else {}
-    gpu_phases = frozenset(impact_mod.straggler_gpu_phases(per_rank))
-    res = ex.map(stages.impact_task,
-                 [(r, by_rank.get(r, impact_program.empty_syncs()), steps_by_rank.get(r), store, gpu_phases)
-                  for r in ranks], labels)
+    res = programs.results()
     stats += [x.stats for x in res]
-    programs = [x.program for x in res]
+    gpu_phases = frozenset(impact_mod.straggler_gpu_phases(per_rank))
+    ranks = [x.rank for x in res]
+    gpu = ex.map(stages.impact_gpu_task, [(r, store, gpu_phases) for r in ranks], [f"rank {r}" for r in ranks]) \
+        if gpu_phases else []
+    stats += [g.stats for g in gpu]
+    rows = {g.rank: g.rows for g in gpu}
+    del gpu
+    programs = [impact_program.join_gpu_work(x.program, rows.get(x.rank)) for x in res]
+    del rows
     for x in res:
         x.program = None
     straggler_list = straggler_ranks(per_rank)

@@ -409,24 +409,49 @@ class ImpactResult:
     stats: TaskStats | None = None
 
 
+def gpu_windows_key(rank: int) -> str:
+    return f"gpu-windows-{rank}"
+
+
 def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, store,
-                gpu_phases: frozenset[str] = frozenset()) -> ImpactResult:
+                gpu_phases: frozenset[str] | None = None) -> ImpactResult:
     """The rank's replay program (``impact_program.rank_program``): its sync points (``syncs``,
-    the rank's rows), steps, timeline pieces and GPU activity, as a few points per sync point;
-    removable GPU work only of ``gpu_phases`` (the stragglers' GPU phases)."""
+    the rank's rows), steps, timeline pieces and GPU activity, as a few points per sync point.
+    Removable GPU work only of ``gpu_phases`` (the stragglers' GPU phases); None (they are not
+    known yet: the task runs beside the straggler verdicts): none, the windows it is summed over
+    kept in the store for ``impact_gpu_task`` (the program's ``gpu_work_at`` says where it goes)."""
     t0 = _clock()
     _maybe_die("impact", rank)
     host, gpu, ops = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}"), store.get(gpu_ops_key(rank))
     program = impact_program.rank_program(rank, syncs, steps if steps is not None else pd.DataFrame(), host, ops, gpu,
-                                          gpu_phases=gpu_phases)
+                                          gpu_phases=gpu_phases, defer_gpu=gpu_phases is None)
+    if program.gpu_windows is not None:
+        store.put(gpu_windows_key(rank), program.gpu_windows)
+        program.gpu_windows = None
     out = ImpactResult(rank=rank, program=program)
     out.stats = _stats("impact", rank, t0, len(host) + len(gpu) + len(ops))
     return out
 
 
+@dataclass
+class GpuWorkResult:
+    rank: int
+    rows: pd.DataFrame
+    stats: TaskStats | None = None
+
+
+def impact_gpu_task(rank: int, store, gpu_phases: frozenset[str]) -> GpuWorkResult:
+    """The GPU work of ``gpu_phases`` on the rank's program's GPU edges (``impact_program.gpu_work_rows``),
+    for ``impact_program.join_gpu_work``: a handful of kernels' pieces, once the verdicts name them."""
+    t0 = _clock()
+    gpu = store.get(f"gpu-pieces-{rank}")
+    rows = impact_program.gpu_work_rows(rank, store.get(gpu_windows_key(rank)), gpu, gpu_phases)
+    return GpuWorkResult(rank=rank, rows=rows, stats=_stats("impact", rank, t0, len(gpu)))
+
+
 def drop_rank_tables(store, rank: int) -> None:
     for key in (events_key(rank), charged_key(rank), candidates_key(rank), f"host-pieces-{rank}",
-                f"gpu-pieces-{rank}", gpu_ops_key(rank)):
+                f"gpu-pieces-{rank}", gpu_ops_key(rank), gpu_windows_key(rank)):
         store.drop(key)
 
 
@@ -445,21 +470,48 @@ def stage_name(fn: Callable) -> str:
     return fn.__name__.removesuffix("_task")
 
 
+class Batch:
+    """A stage's tasks handed to an executor (``submit``): ``results()`` waits for them and returns
+    their results in call order, or raises the ``ScaleError`` that ``map`` would."""
+
+    def __init__(self, collect: Callable[[], list[Any]]) -> None:
+        self._collect = collect
+        self._out: list[Any] | None = None
+
+    def results(self) -> list[Any]:
+        if self._out is None:
+            self._out = self._collect()
+            self._collect = None
+        return self._out
+
+
 class SerialExecutor:
     """Every task in this process, in order: the in-memory path (``pipeline.analyze``), and
-    debugging. The process pool and Dask executors of ``profkit.scale`` take the same ``map``."""
+    debugging. The process pool and Dask executors of ``profkit.scale`` take the same ``map``
+    and ``submit``."""
 
     name = "serial"
     workers = 1
 
     def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
-        out = []
-        for args, label in zip(calls, labels):
-            try:
-                out.append(fn(*args))
-            except Exception as exc:  # noqa: BLE001 - re-raised with what failed
-                raise ScaleError(f"{label}: stage {stage_name(fn)!r} failed: {exc!r}") from exc
-        return out
+        return self.submit(fn, calls, labels).results()
+
+    def submit(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> Batch:
+        """The tasks of ``map``, started now where the executor has workers, so the driver can do
+        its own work while they run (a later batch queues behind the earlier ones); here they run
+        when their results are asked for, one after the other."""
+        calls, labels = list(calls), list(labels)
+
+        def run() -> list[Any]:
+            out = []
+            for args, label in zip(calls, labels):
+                try:
+                    out.append(fn(*args))
+                except Exception as exc:  # noqa: BLE001 - re-raised with what failed
+                    raise ScaleError(f"{label}: stage {stage_name(fn)!r} failed: {exc!r}") from exc
+            return out
+
+        return Batch(run)
 
     def close(self) -> None:
         pass

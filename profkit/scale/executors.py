@@ -1,10 +1,12 @@
 """Who runs the per-file and per-rank tasks: this process, a local process pool, or Dask.
 
 All three take ``map(fn, calls, labels)`` (one call's arguments per task, a label naming what
-the task covers, e.g. "rank 5") and return the results in call order. A task that fails, or
-whose worker dies, ends the run with a ``ScaleError`` naming it: never a partial result. A
-dead worker is retried first: the pool once on a fresh pool, Dask by its scheduler (a dead
-worker's tasks go to another worker, ``distributed.scheduler.allowed-failures`` times).
+the task covers, e.g. "rank 5") and return the results in call order; ``submit`` takes the same
+and returns a ``Batch`` at once, whose ``results()`` waits for them, so the driver can work while
+the workers do (and a second batch queues behind the first). A task that fails, or whose worker
+dies, ends the run with a ``ScaleError`` naming it: never a partial result. A dead worker is
+retried first: the pool once on a fresh pool, Dask by its scheduler (a dead worker's tasks go to
+another worker, ``distributed.scheduler.allowed-failures`` times).
 """
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ import os
 import sys
 import threading
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
-from profkit.analyze.stages import SerialExecutor, stage_name
+from profkit.analyze.stages import Batch, SerialExecutor, stage_name
 from profkit.errors import ScaleError
 
 EXECUTORS = ("serial", "pool", "dask")
@@ -68,28 +70,47 @@ class PoolExecutor(SerialExecutor):
             warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
             return {i: pool.submit(fn, *calls[i]) for i in pending}
 
-    def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
+    def submit(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> Batch:
+        calls, labels = list(calls), list(labels)
+        pool = self._get()
+        futures = self._submit_all(pool, fn, calls, list(range(len(calls))))
+        return Batch(lambda: self._collect(fn, calls, labels, pool, futures))
+
+    def _collect(self, fn: Callable, calls: list[tuple], labels: list[str], pool: ProcessPoolExecutor,
+                 futures: dict) -> list[Any]:
+        """The batch's results in call order. A worker that dies breaks its pool: every unfinished
+        task of it is lost, of this batch and of any other in flight. They are submitted again to
+        a fresh pool, once per pool this batch saw break; a batch whose pool another batch has
+        already replaced resubmits without counting a death of its own."""
         results: dict[int, Any] = {}
-        pending = list(range(len(calls)))
-        for attempt in (1, 2):
-            pool = self._get()
-            futures = self._submit_all(pool, fn, calls, pending)
-            broken: list[int] = []
+        deaths = 0
+        while True:
+            lost: list[int] = []
             for i, fut in futures.items():
                 try:
                     results[i] = fut.result()
-                except BrokenProcessPool:
-                    broken.append(i)
+                except (BrokenProcessPool, CancelledError):
+                    lost.append(i)
                 except Exception as exc:  # noqa: BLE001
                     self.close()
                     raise ScaleError(f"{labels[i]}: stage {stage_name(fn)!r} failed: {exc!r}") from exc
-            if not broken:
+            if not lost:
                 return [results[i] for i in range(len(calls))]
-            self.close()  # a worker died: every unfinished task of that pool is lost; retry them once
-            pending = broken
-        names = ", ".join(labels[i] for i in pending)
+            if self._pool is pool:  # this batch saw its pool break: a death counted against its tasks
+                deaths += 1
+                self.close()
+            if deaths == 2:
+                break
+            pool = self._get()
+            try:
+                futures = self._submit_all(pool, fn, calls, lost)
+            except BrokenProcessPool:  # the pool broke after it was made (another batch's task): a fresh one
+                self.close()
+                pool = self._get()
+                futures = self._submit_all(pool, fn, calls, lost)
+        names = ", ".join(labels[i] for i in lost)
         why = "killed, or out of memory?"
-        if len(pending) == len(calls) and not results and self.method != "fork":  # no task of the stage ever finished
+        if len(lost) == len(calls) and not results and self.method != "fork":  # no task of the stage ever finished
             why += (" If every task dies at once: the workers start by importing the main script (spawn), so a"
                     " script must call profkit under `if __name__ == \"__main__\":`")
         raise ScaleError(f"{names}: stage {stage_name(fn)!r}: the worker process died twice ({why})")
@@ -125,11 +146,15 @@ class DaskExecutor(SerialExecutor):
             self.client = Client(self._cluster)
         self.workers = len(self.client.scheduler_info().get("workers", {})) or (local or 1)
 
-    def map(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> list[Any]:
-        from distributed import KilledWorker
-
+    def submit(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> Batch:
+        labels = list(labels)
         futures = [self.client.submit(fn, *args, pure=False, key=f"profkit-{stage_name(fn)}-{i}-{os.urandom(4).hex()}")
                    for i, args in enumerate(calls)]
+        return Batch(lambda: self._collect(fn, futures, labels))
+
+    def _collect(self, fn: Callable, futures: list, labels: list[str]) -> list[Any]:
+        from distributed import KilledWorker
+
         out = []
         try:
             for fut, label in zip(futures, labels):
