@@ -272,7 +272,7 @@ def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats):
     stats += [g.stats for g in gpu]
     rows = {g.rank: g.rows for g in gpu}
     del gpu
-    programs = [impact_program.join_gpu_work(x.program, rows.get(x.rank)) for x in res]
+    programs = [impact_program.join_gpu_work(stages.load_program(store, x.program), rows.get(x.rank)) for x in res]
     del rows
     for x in res:
         x.program = None

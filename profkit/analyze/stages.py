@@ -428,9 +428,47 @@ def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, stor
     if program.gpu_windows is not None:
         store.put(gpu_windows_key(rank), program.gpu_windows)
         program.gpu_windows = None
+        _put_program(store, program)
     out = ImpactResult(rank=rank, program=program)
     out.stats = _stats("impact", rank, t0, len(host) + len(gpu) + len(ops))
     return out
+
+
+_PROGRAM_TABLES = ("nodes", "edges", "work")
+
+
+def _program_key(rank: int, table: str) -> str:
+    return f"program-{table}-{rank}"
+
+
+def _put_program(store, program: "impact_program.RankProgram") -> None:
+    """The program's tables into the store, out of the result: they reach the driver when it
+    reads them (``load_program``), after the straggler verdicts, not while it makes them (at
+    DEP256 x 200 every rank's program together is hundreds of MB). Phases go as a category, so
+    they come back as shared strings, one per distinct name (as ``impact_program._compact`` made)."""
+    for table in _PROGRAM_TABLES:
+        frame = getattr(program, table)
+        if "phase" in frame:
+            frame = frame.assign(phase=pd.Categorical(frame["phase"].to_numpy(dtype=object)))
+        store.put(_program_key(program.rank, table), frame)
+        setattr(program, table, None)
+
+
+def load_program(store, program: "impact_program.RankProgram") -> "impact_program.RankProgram":
+    """The program ``impact_task`` returned with its tables read back from the store (and dropped
+    there); one whose tables came with it is returned as it is."""
+    if program.nodes is not None:
+        return program
+    for table in _PROGRAM_TABLES:
+        key = _program_key(program.rank, table)
+        frame = store.get(key)
+        store.drop(key)
+        if "phase" in frame:
+            cat = frame["phase"].array
+            frame["phase"] = pd.Series(np.asarray(cat.categories, dtype=object)[cat.codes] if len(cat) else [],
+                                       dtype=object, index=frame.index)
+        setattr(program, table, frame)
+    return program
 
 
 @dataclass
@@ -451,7 +489,8 @@ def impact_gpu_task(rank: int, store, gpu_phases: frozenset[str]) -> GpuWorkResu
 
 def drop_rank_tables(store, rank: int) -> None:
     for key in (events_key(rank), charged_key(rank), candidates_key(rank), f"host-pieces-{rank}",
-                f"gpu-pieces-{rank}", gpu_ops_key(rank), gpu_windows_key(rank)):
+                f"gpu-pieces-{rank}", gpu_ops_key(rank), gpu_windows_key(rank),
+                *(_program_key(rank, t) for t in _PROGRAM_TABLES)):
         store.drop(key)
 
 
