@@ -251,9 +251,9 @@ def _submit_programs(plan, steps: pd.DataFrame, store, ex, ranks: list[int], lab
     by_rank = dict(iter(syncs.groupby("rank", sort=False))) if len(syncs) else {}
     del syncs
     steps_by_rank = dict(iter(steps.groupby("rank", sort=False))) if len(steps) else {}
+    none = impact_program.empty_syncs()  # one for every rank without sync points (not made per rank)
     return ex.submit(stages.impact_task,
-                     [(r, by_rank.get(r, impact_program.empty_syncs()), steps_by_rank.get(r), store, None)
-                      for r in ranks], labels)
+                     [(r, by_rank.get(r, none), steps_by_rank.get(r), store, None) for r in ranks], labels)
 
 
 def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats):
