@@ -104,6 +104,28 @@ def test_impact_at_dep32_matches_the_simulator_with_each_fault_removed(serial):
     assert abs(float(both["impact_ns_per_step"].iloc[0]) - true) <= max(0.1 * true, 200_000)
 
 
+def test_replay_programs_kept_in_the_store_give_the_same_tables(dep32, serial, monkeypatch):
+    """Large captures' impact tasks put their programs in the store (Arrow, phases as a category)
+    and the driver reads them back after the verdicts: the same tables as the serial run's."""
+    from profkit.analyze import pipeline, stages
+
+    stored = []
+    load = stages.load_program
+
+    def spy(store, program):
+        stored.append(program.nodes is None)  # it came back without its tables
+        return load(store, program)
+
+    monkeypatch.setattr(stages, "load_program", spy)
+    monkeypatch.setattr(pipeline, "PROGRAMS_IN_STORE_EVENTS", 0)
+    _assert_same(serial, analyze_paths([dep32], executor="pool", workers=2), "pool, programs in the store")
+    assert len(stored) == 32 and all(stored)
+    monkeypatch.setattr(pipeline, "PROGRAMS_IN_STORE_EVENTS", 10**12)
+    stored.clear()
+    analyze_paths([dep32], executor="serial")
+    assert len(stored) == 32 and not any(stored)  # a small capture's come with the results
+
+
 def test_driver_holds_no_events(serial, dep32):
     assert serial.events is None and serial.capture.events.empty
     assert serial.capture.event_count == sum(load(dep32).parts["n_events"])

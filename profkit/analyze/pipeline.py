@@ -137,7 +137,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
                           [(r, plan.windows(r) if plan.measured else None, by_rank.get(r), store, keep_aligned)
                            for r in ranks], labels)
     del arrivals, by_rank
-    programs = _submit_programs(plan, steps, store, ex, ranks, labels)
+    programs = _submit_programs(plan, steps, store, ex, ranks, labels,
+                                in_store=capture.event_count >= PROGRAMS_IN_STORE_EVENTS)
     fin = finishing.results()
     stats += [f.stats for f in fin]
     phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
@@ -242,9 +243,17 @@ def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:
     return decide_sync_names(pd.concat(facts, ignore_index=True), sample)
 
 
-def _submit_programs(plan, steps: pd.DataFrame, store, ex, ranks: list[int], labels: list[str]):
+# captures of this many events or more keep their replay programs in the store until the straggler
+# verdicts are made (``stages.impact_task``): ~20 MB of programs per million events, which would
+# otherwise reach the driver while ``finish_stragglers`` holds its tables (DEP32 x 1,000: +240 MB)
+PROGRAMS_IN_STORE_EVENTS = 4_000_000
+
+
+def _submit_programs(plan, steps: pd.DataFrame, store, ex, ranks: list[int], labels: list[str],
+                     in_store: bool = False):
     """Map 4 submitted: each rank's replay program (``stages.impact_task``) from its sync points
-    and steps, its GPU work left for ``_impact`` (only the stragglers' kernels are summed)."""
+    and steps, its GPU work left for ``_impact`` (only the stragglers' kernels are summed);
+    ``in_store``: the programs' tables kept in the store."""
     from profkit.analyze import impact_program
 
     syncs = impact_program.syncs_from_arrivals(plan.arrivals)
@@ -253,7 +262,8 @@ def _submit_programs(plan, steps: pd.DataFrame, store, ex, ranks: list[int], lab
     steps_by_rank = dict(iter(steps.groupby("rank", sort=False))) if len(steps) else {}
     none = impact_program.empty_syncs()  # one for every rank without sync points (not made per rank)
     return ex.submit(stages.impact_task,
-                     [(r, by_rank.get(r, none), steps_by_rank.get(r), store, None) for r in ranks], labels)
+                     [(r, by_rank.get(r, none), steps_by_rank.get(r), store, None, in_store) for r in ranks],
+                     labels)
 
 
 def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats):

@@ -414,12 +414,14 @@ def gpu_windows_key(rank: int) -> str:
 
 
 def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, store,
-                gpu_phases: frozenset[str] | None = None) -> ImpactResult:
+                gpu_phases: frozenset[str] | None = None, program_in_store: bool = False) -> ImpactResult:
     """The rank's replay program (``impact_program.rank_program``): its sync points (``syncs``,
     the rank's rows), steps, timeline pieces and GPU activity, as a few points per sync point.
     Removable GPU work only of ``gpu_phases`` (the stragglers' GPU phases); None (they are not
     known yet: the task runs beside the straggler verdicts): none, the windows it is summed over
-    kept in the store for ``impact_gpu_task`` (the program's ``gpu_work_at`` says where it goes)."""
+    kept in the store for ``impact_gpu_task`` (the program's ``gpu_work_at`` says where it goes).
+    ``program_in_store``: the program's tables go to the store, not back with the result
+    (``load_program``)."""
     t0 = _clock()
     _maybe_die("impact", rank)
     host, gpu, ops = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}"), store.get(gpu_ops_key(rank))
@@ -428,6 +430,7 @@ def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, stor
     if program.gpu_windows is not None:
         store.put(gpu_windows_key(rank), program.gpu_windows)
         program.gpu_windows = None
+    if program_in_store:
         _put_program(store, program)
     out = ImpactResult(rank=rank, program=program)
     out.stats = _stats("impact", rank, t0, len(host) + len(gpu) + len(ops))
@@ -444,7 +447,8 @@ def _program_key(rank: int, table: str) -> str:
 def _put_program(store, program: "impact_program.RankProgram") -> None:
     """The program's tables into the store, out of the result: they reach the driver when it
     reads them (``load_program``), after the straggler verdicts, not while it makes them (at
-    DEP256 x 200 every rank's program together is hundreds of MB). Phases go as a category, so
+    DEP256 x 200 every rank's program together is hundreds of MB; a store round trip costs
+    ~20-50 ms a program, so small captures' come with their results). Phases go as a category, so
     they come back as shared strings, one per distinct name (as ``impact_program._compact`` made)."""
     for table in _PROGRAM_TABLES:
         frame = getattr(program, table)
