@@ -198,3 +198,46 @@ def test_gpu_rows_from_the_arrays_codes_hold_the_same_rows_and_names(folder):
     pd.testing.assert_frame_equal(coded.drop(columns="name"), plain.drop(columns="name"))
     pd.testing.assert_frame_equal(prog.gpu_ops(one, coded), prog.gpu_ops(one, plain))
     pd.testing.assert_frame_equal(ph.gpu_pieces(ph._GpuArrays.build(coded)), ph.gpu_pieces(ph._GpuArrays.build(plain)))
+
+
+# ---- the GPU ops' launch times by sorted keys (issue #16's tenth round) ---------------------
+def _launch_times_by_loop(rt_pid, rt_corr, rt_start, pid, corr, has) -> list[int]:
+    """The rule, one op at a time: the first runtime call of the op's (pid, correlation); else,
+    for an op with a correlation, the first call of that correlation if a single pid holds it."""
+    first: dict[tuple[int, int], int] = {}
+    for p, c, t in zip(rt_pid.tolist(), rt_corr.tolist(), rt_start.tolist()):
+        first[(p, c)] = min(t, first.get((p, c), t))
+    pids_of: dict[int, set[int]] = {}
+    for p, c in first:
+        pids_of.setdefault(c, set()).add(p)
+    out = []
+    for p, c, h in zip(pid.tolist(), corr.tolist(), has.tolist()):
+        if (p, c) in first:
+            out.append(first[(p, c)])
+        elif h and len(pids_of.get(c, ())) == 1:
+            out.append(first[(next(iter(pids_of[c])), c)])
+        else:
+            out.append(prog.NO_LAUNCH)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_launch_times_follow_the_rule_op_by_op(seed):
+    """``launch_times`` against the rule applied op by op: repeated calls of a correlation (the
+    first wins), a correlation held by one pid or by several (a kernel's pid is its device's),
+    ops without a correlation (-1, ``has`` False), and epoch-sized times (exact in int64)."""
+    rng = np.random.default_rng(seed)
+    n_rt, n_op = int(rng.integers(1, 60)), int(rng.integers(1, 60))
+    base = 1_733_000_000_000_000_000 if seed % 2 else 0
+    rt_pid = rng.choice([-1, 7, 8, 1_000_000], n_rt)
+    rt_corr = rng.integers(-1, 25, n_rt)
+    rt_start = base + rng.integers(0, 10**6, n_rt)
+    pid = rng.choice([-1, 0, 7, 8, 1_000_000], n_op)
+    has = rng.random(n_op) < 0.8
+    corr = np.where(has, rng.integers(0, 30, n_op), -1)
+    got = prog.launch_times(rt_pid, rt_corr, rt_start, pid, corr, has)
+    assert got.tolist() == _launch_times_by_loop(rt_pid, rt_corr, rt_start, pid, corr, has)
+    if seed == 0:  # correlations too far apart for one int64 key: the pair-by-pair path
+        far = rt_corr * (1 << 56)
+        got = prog.launch_times(rt_pid, far, rt_start, pid, corr * (1 << 56), has)
+        assert got.tolist() == _launch_times_by_loop(rt_pid, far, rt_start, pid, corr * (1 << 56), has)
