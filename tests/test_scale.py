@@ -183,6 +183,29 @@ def test_a_script_without_a_main_guard_is_told_why_every_worker_died(dep32, tmp_
         assert done.returncode == 0 and "ranks 32" in done.stdout, done.stderr[-2000:]
 
 
+def test_a_batch_submitted_to_a_pool_another_batch_broke_runs_on_a_fresh_one():
+    """The finish and impact batches are in flight together: when a task of the first kills its
+    worker before the second is submitted, the second is not lost (nor an exception of the
+    pool's own): it runs on a fresh pool, and the first batch still names its task."""
+    import time
+
+    from profkit.scale.executors import PoolExecutor
+
+    ex = PoolExecutor(1)
+    try:
+        first = ex.submit(os._exit, [(3,)], ["the killer"])
+        deadline = time.monotonic() + 30
+        while not getattr(ex._pool, "_broken", False) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert getattr(ex._pool, "_broken", False)
+        second = ex.submit(abs, [(-2,), (-3,)], ["rank 0", "rank 1"])
+        assert second.results() == [2, 3]
+        with pytest.raises(ScaleError, match=r"the killer: stage '_exit'.*died twice"):
+            first.results()
+    finally:
+        ex.close()
+
+
 def test_pool_start_method_forks_only_without_other_threads(monkeypatch):
     """fork only where it is safe (Linux, one Python thread: no lock of ours can be held in the
     child); the environment variable overrides, and a wrong value is named."""

@@ -238,8 +238,10 @@ def gpu_work_rows(rank: int, windows: pd.DataFrame, gpu_pieces: pd.DataFrame,
 def join_gpu_work(program: RankProgram, gpu_rows: pd.DataFrame | None) -> RankProgram:
     """A program built with ``defer_gpu`` with its GPU-lane rows (``gpu_work_rows``) in place:
     the program ``rank_program`` builds with the same ``gpu_phases``."""
-    if program.gpu_work_at < 0:
-        raise ValueError(f"rank {program.rank}: the program's GPU work was not deferred")
+    if program.gpu_work_at < 0:  # built with its GPU work (``gpu_phases`` given): nothing to put in
+        if gpu_rows is not None and len(gpu_rows):
+            raise ValueError(f"rank {program.rank}: the program's GPU work was not deferred")
+        return program
     at, work = program.gpu_work_at, program.work
     if gpu_rows is not None and len(gpu_rows):
         work = pd.concat([work.iloc[:at], gpu_rows, work.iloc[at:]], ignore_index=True)
@@ -681,7 +683,7 @@ GPU_WINDOW_COLUMNS = ["kind", "edge", "lo_ns", "hi_ns", "step"]  # kind: 0 a GPU
 def _gpu_windows(e_lane, src, kinds, anchor_ops, lo_t, hi_t, eid) -> pd.DataFrame:
     """The time ranges ``gpu:<kernel>`` pieces are summed over: each GPU-lane edge's, and each
     anchor edge's from its op's start to its point (GPU work removed there also shortens the path
-    from that launch). None at all without a GPU-lane edge."""
+    from that launch). No window at all without a GPU-lane edge."""
     m = (e_lane == GPU) & (src >= 0)
     if not m.any():
         return pd.DataFrame({c: np.empty(0, np.int64) for c in GPU_WINDOW_COLUMNS[:4]})

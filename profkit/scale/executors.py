@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import warnings
-from concurrent.futures import CancelledError, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
@@ -73,7 +73,12 @@ class PoolExecutor(SerialExecutor):
     def submit(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> Batch:
         calls, labels = list(calls), list(labels)
         pool = self._get()
-        futures = self._submit_all(pool, fn, calls, list(range(len(calls))))
+        try:
+            futures = self._submit_all(pool, fn, calls, list(range(len(calls))))
+        except BrokenProcessPool as exc:  # a batch in flight broke the pool: these are lost before they start
+            futures = {i: Future() for i in range(len(calls))}
+            for fut in futures.values():
+                fut.set_exception(exc)
         return Batch(lambda: self._collect(fn, calls, labels, pool, futures))
 
     def _collect(self, fn: Callable, calls: list[tuple], labels: list[str], pool: ProcessPoolExecutor,
