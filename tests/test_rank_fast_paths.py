@@ -241,3 +241,19 @@ def test_launch_times_follow_the_rule_op_by_op(seed):
         far = rt_corr * (1 << 56)
         got = prog.launch_times(rt_pid, far, rt_start, pid, corr * (1 << 56), has)
         assert got.tolist() == _launch_times_by_loop(rt_pid, far, rt_start, pid, corr * (1 << 56), has)
+
+
+def test_gpu_ops_launch_times_are_the_runtime_calls_own_times(shared_traces):
+    """On HTA's public trace with a negative queue length (7,747 GPU ops, 872 of them without a
+    launch: a merge with missing rows went through float64), every launch time ``gpu_ops`` gives
+    is exactly the start of a runtime call of the rank: epoch-sized nanoseconds, not rounded
+    (the merge's float column was up to 128 ns off on 6,688 of them)."""
+    from profkit import load, schema
+
+    events = load(shared_traces / "hta" / "negative_queue_length_rank0.json.gz").events
+    ops = prog.gpu_ops(events)
+    launch = ops["launch_ns"].to_numpy(np.int64)
+    known = launch[launch != prog.NO_LAUNCH]
+    calls = events.loc[(events["kind"] == schema.RUNTIME).to_numpy(bool), "start_ns"].to_numpy(np.int64)
+    assert known.size > 6000 and (launch == prog.NO_LAUNCH).sum() > 500 and known.min() > 10**18
+    assert np.isin(known, calls).all()
