@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import warnings
-from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
@@ -70,15 +70,20 @@ class PoolExecutor(SerialExecutor):
             warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
             return {i: pool.submit(fn, *calls[i]) for i in pending}
 
-    def submit(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> Batch:
-        calls, labels = list(calls), list(labels)
+    def _submit_live(self, fn: Callable, calls: Sequence[tuple], pending: list[int]) -> tuple[ProcessPoolExecutor, dict]:
+        """``_submit_all`` on a pool that takes tasks: one that a task of another batch in flight
+        broke since it was made is replaced first (its own batch counts that death, not this one)."""
         pool = self._get()
         try:
-            futures = self._submit_all(pool, fn, calls, list(range(len(calls))))
-        except BrokenProcessPool as exc:  # a batch in flight broke the pool: these are lost before they start
-            futures = {i: Future() for i in range(len(calls))}
-            for fut in futures.values():
-                fut.set_exception(exc)
+            return pool, self._submit_all(pool, fn, calls, pending)
+        except BrokenProcessPool:
+            self.close()
+            pool = self._get()
+            return pool, self._submit_all(pool, fn, calls, pending)
+
+    def submit(self, fn: Callable, calls: Sequence[tuple], labels: Sequence[str]) -> Batch:
+        calls, labels = list(calls), list(labels)
+        pool, futures = self._submit_live(fn, calls, list(range(len(calls))))
         return Batch(lambda: self._collect(fn, calls, labels, pool, futures))
 
     def _collect(self, fn: Callable, calls: list[tuple], labels: list[str], pool: ProcessPoolExecutor,
@@ -106,13 +111,7 @@ class PoolExecutor(SerialExecutor):
                 self.close()
             if deaths == 2:
                 break
-            pool = self._get()
-            try:
-                futures = self._submit_all(pool, fn, calls, lost)
-            except BrokenProcessPool:  # the pool broke after it was made (another batch's task): a fresh one
-                self.close()
-                pool = self._get()
-                futures = self._submit_all(pool, fn, calls, lost)
+            pool, futures = self._submit_live(fn, calls, lost)
         names = ", ".join(labels[i] for i in lost)
         why = "killed, or out of memory?"
         if len(lost) == len(calls) and not results and self.method != "fork":  # no task of the stage ever finished
