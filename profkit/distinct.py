@@ -58,6 +58,35 @@ def _arrow_data(values: pd.Series):
     return data if take() is data else None
 
 
+# (pattern, flags, "match" | "search") -> {string: hit}: every string a process has tested
+_REGEX: dict[tuple[str, int, str], dict[str, bool]] = {}
+_REGEX_MEMO_MAX = 1 << 20  # strings per pattern kept (a trace of unique names must not grow it forever)
+
+
+def regex_flags(uniques: np.ndarray, codes: np.ndarray, regex: re.Pattern[str], how: str = "match",
+                missing: str | None = "") -> np.ndarray:
+    """Per row, whether ``regex.match`` (``how="search"``: ``regex.search``, as ``str.contains``)
+    finds its value, from the column's codes and distinct values (``codes``): a missing value
+    (code -1) is tested as ``missing`` (None: False). Each string is tested once per process:
+    a rank's names are the other ranks' names, so a worker of the scale path tests a name once,
+    not once per rank and call (pandas' ``str.match`` on the distinct values cost 1-3 ms a call,
+    several calls per rank). The same Python ``re`` test pandas makes of a compiled pattern."""
+    memo = _REGEX.setdefault((regex.pattern, regex.flags, how), {})
+    if len(memo) > _REGEX_MEMO_MAX:
+        memo.clear()
+    test = regex.match if how == "match" else regex.search
+    values = uniques.tolist() if isinstance(uniques, np.ndarray) else list(uniques)
+    flags = np.zeros(len(values) + 1, dtype=bool)
+    for i, u in enumerate(values):
+        hit = memo.get(u)
+        if hit is None:
+            hit = memo[u] = test(u) is not None
+        flags[i] = hit
+    flags[-1] = missing is not None and test(missing) is not None
+    codes = np.asarray(codes, np.int64)
+    return flags[np.where(codes < 0, len(values), codes)] if codes.size else np.zeros(0, dtype=bool)
+
+
 def isin(values: pd.Series, wanted: Iterable[str]) -> np.ndarray:
     """``values.isin(wanted).to_numpy(dtype=bool)`` for a string column (missing: False), from
     its ``codes``: each distinct value tested once."""
@@ -69,15 +98,8 @@ def isin(values: pd.Series, wanted: Iterable[str]) -> np.ndarray:
 
 def contains(names: pd.Series, pattern: str | re.Pattern[str], as_string: bool = True) -> np.ndarray:
     """``names[.astype("string")].str.contains(pattern, na=False)`` as a bool array, computed on the
-    distinct values (same pandas call, so the same regex engine and semantics)."""
-    if len(names) == 0:
-        return np.zeros(0, dtype=bool)
-    codes, uniques = pd.factorize(names, use_na_sentinel=True)
-    distinct = pd.Series(uniques)
-    if as_string:
-        distinct = distinct.astype("string")
-    hit = distinct.str.contains(pattern, na=False).to_numpy(dtype=bool)
-    return _spread(codes, hit)
+    distinct values (``regex_flags``: Python's ``re``, as pandas uses for these patterns)."""
+    return contains_each(names, [pattern], as_string)[0]
 
 
 def contains_each(names: pd.Series, patterns: list[str | re.Pattern[str]], as_string: bool = True) -> list[np.ndarray]:
@@ -85,10 +107,16 @@ def contains_each(names: pd.Series, patterns: list[str | re.Pattern[str]], as_st
     if len(names) == 0:
         return [np.zeros(0, dtype=bool) for _ in patterns]
     codes, uniques = pd.factorize(names, use_na_sentinel=True)
-    distinct = pd.Series(uniques)
-    if as_string:
-        distinct = distinct.astype("string")
-    return [_spread(codes, distinct.str.contains(p, na=False).to_numpy(dtype=bool)) for p in patterns]
+    values = [str(u) for u in uniques] if as_string else list(uniques)
+    if not all(type(v) is str for v in values):  # objects that are not strings: pandas decides (NaN, so False)
+        distinct = pd.Series(uniques)
+        return [_spread(codes, distinct.str.contains(p, na=False).to_numpy(dtype=bool)) for p in patterns]
+    return [regex_flags(values, codes, _compiled(p), "search", missing=None) for p in patterns]
+
+
+def _compiled(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
+    """The pattern as ``str.contains`` compiles it (no flags)."""
+    return pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)
 
 
 def _spread(codes: np.ndarray, hit: np.ndarray) -> np.ndarray:

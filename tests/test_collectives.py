@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import profkit
 from profkit import schema
@@ -307,3 +309,51 @@ def test_a_periodic_key_with_noisy_ends_takes_the_lag_of_the_clear_key():
         ia, ib = pairs["a2a"]
         assert how == "order" and (ia == ib).all() and ia.size >= 0.8 * a2a.size, (seed, how, ia.size)
         assert (pairs["sync"][0] == pairs["sync"][1]).all() and pairs["sync"][0].size == steps, seed
+
+
+# ---- the kernels' launch link: exact, and the first runtime call of a correlation ------------
+def test_kernel_launch_is_its_runtime_calls_own_start(shared_traces):
+    """HTA's negative_queue_length trace (rank 0 of 16, A100): every NCCL kernel's ``launch_ns``
+    is the start of the runtime call of its correlation, to the nanosecond. Some kernels there
+    have no launch recorded; the old merge then carried every launch through float64 and
+    rounded 72 of 80 to a multiple of 128 ns (epoch-sized nanoseconds need 61 bits)."""
+    from profkit.collectives.candidates import collective_candidates
+
+    ev = profkit.load(shared_traces / "hta" / "negative_queue_length_rank0.json.gz").events
+    cand = collective_candidates(ev)
+    kernels = cand[cand["source_kind"] == KERNEL]
+    has = kernels["launch_ns"].notna().to_numpy(bool)
+    assert 0 < has.sum() < len(kernels)  # the float64 case: launches missing for some kernels
+    rt = ev[(ev["kind"] == schema.RUNTIME) & ev["correlation"].notna()]
+    first: dict = {}  # (pid, correlation) -> start of its first runtime call, as Python ints
+    for pid, corr, start in zip(rt["pid"].tolist(), rt["correlation"].tolist(), rt["start_ns"].tolist()):
+        first.setdefault((pid, corr), start)
+    comm = ev[(ev["kind"] == schema.KERNEL) & ev["name"].str.contains("nccl", case=False)]
+    want = [first.get((p, c)) for p, c in zip(comm["pid"].tolist(), comm["correlation"].tolist())]
+    got = kernels["launch_ns"].to_numpy(dtype=object)
+    assert len(got) == len(want) and sum(w is not None for w in want) == has.sum()
+    for g, w in zip(got, want):
+        assert (pd.isna(g) and w is None) or int(g) == w, (g, w)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.one_of(st.none(), st.integers(0, 2)), st.integers(0, 3)),
+                max_size=25),
+       st.lists(st.tuples(st.integers(0, 2), st.one_of(st.none(), st.integers(0, 2)), st.integers(0, 3)),
+                max_size=25))
+@settings(max_examples=200, deadline=None)
+def test_first_match_is_drop_duplicates_then_a_left_merge(table, keys):
+    """``_first_match`` against pandas: the first table row of each key (a missing id matches a
+    missing one, as ``merge`` matches nulls), -1 where none."""
+    from profkit.collectives.candidates import _first_match
+
+    none = np.iinfo(np.int64).min
+
+    def arrays(rows):
+        cols = list(zip(*rows)) if rows else [(), (), ()]
+        return tuple(np.array([none if v is None else v for v in c], dtype=np.int64) for c in cols)
+    got = _first_match(arrays(table), arrays(keys))
+    t = pd.DataFrame(table, columns=["r", "p", "c"]).astype({"p": "Int64"}).reset_index()
+    t = t.drop_duplicates(["r", "p", "c"])
+    k = pd.DataFrame(keys, columns=["r", "p", "c"]).astype({"p": "Int64"})
+    want = k.merge(t, on=["r", "p", "c"], how="left")["index"].fillna(-1).astype(np.int64).to_numpy()
+    np.testing.assert_array_equal(got, want)

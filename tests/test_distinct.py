@@ -3,10 +3,12 @@ never by value (a column with other data, even at the same address later, is fac
 from __future__ import annotations
 
 import gc
+import re
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,3 +51,36 @@ def test_memo_follows_the_data_not_the_values():
         s = _arrow(["runtime", "kernel"])
         assert distinct.codes(s)[0].tolist() == [0, 1] and list(distinct.codes(s)[1]) == ["runtime", "kernel"]
         del s
+
+
+# ---- regex_flags: pandas' str.match / str.contains, each string tested once per process ------
+names = st.lists(st.one_of(st.none(), st.sampled_from([
+    "ncclDevKernel_AllReduce", "NCCL:all_reduce", "c10d::allreduce_", "gloo:all_reduce", "sync_dp_padding",
+    "", "ünïcode nccl", "x\nnccl", "nccl\n", "ProfilerStep#12", "ProfilerStep#12\n", "<script>nccl</script>",
+    "a" * 300])), max_size=30)
+PATTERNS = [re.compile(r"^(?:nccl|rccl)", re.IGNORECASE), re.compile(r"nccl$"), re.compile(r"#(\d+)$"),
+            re.compile(r"(?:c10d|gloo)::?\w+"), re.compile(r"\bsync\b|_sync_|dp_padding")]
+
+
+@pytest.mark.filterwarnings("ignore:This pattern is interpreted as a regular expression")  # pandas, the reference
+@settings(max_examples=150, deadline=None)
+@given(names, st.sampled_from(PATTERNS), st.sampled_from(["match", "search"]), st.sampled_from(["", None]))
+def test_regex_flags_are_pandas_string_answers(items, regex, how, missing):
+    s = _arrow(items)
+    codes, uniques = distinct.codes(s)
+    got = distinct.regex_flags(uniques, codes, regex, how, missing=missing)
+    filled = s.astype("string").fillna("") if missing == "" else s.astype("string")
+    want = (filled.str.match(regex) if how == "match" else filled.str.contains(regex)).fillna(False)
+    np.testing.assert_array_equal(got, want.to_numpy(dtype=bool))
+    # the memo answers the second time exactly as the first (strings of another column too)
+    np.testing.assert_array_equal(distinct.regex_flags(uniques, codes, regex, how, missing=missing), got)
+    np.testing.assert_array_equal(distinct.contains(s, regex), s.astype("string").str.contains(regex, na=False)
+                                  .to_numpy(dtype=bool))
+
+
+def test_regex_memo_is_per_pattern_and_flags():
+    """Two patterns of one text but other flags never share answers (the memo's key is both)."""
+    u, c = np.array(["NCCL_x", "nccl_x"], dtype=object), np.array([0, 1, -1])
+    loose = distinct.regex_flags(u, c, re.compile("^nccl", re.IGNORECASE))
+    strict = distinct.regex_flags(u, c, re.compile("^nccl"))
+    assert loose.tolist() == [True, True, False] and strict.tolist() == [False, True, False]

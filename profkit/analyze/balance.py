@@ -168,8 +168,8 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None,
     is_host = distinct.isin(events["kind"], (schema.CPU_SPAN, schema.CPU_OP))
     named = arrays.factorized_names(events) if arrays is not None else None
     codes, uniques = named if named is not None else pd.factorize(events["name"], use_na_sentinel=True)
-    hit = np.r_[pd.Series(uniques).astype("string").str.match(VLLM_STEP_RE, na=False).to_numpy(dtype=bool), False]
-    ann = events.loc[is_host & hit[np.asarray(codes, np.int64)], ["rank", "start_ns", "name"]]
+    hit = distinct.regex_flags([str(u) for u in uniques], codes, VLLM_STEP_RE, missing=None)
+    ann = events.loc[is_host & hit, ["rank", "start_ns", "name"]]
     if not len(ann):
         return base[cols]
     facts = step_batch_facts(ann["name"])

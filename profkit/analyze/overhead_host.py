@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from profkit import distinct
 from profkit import intervals as iv
 from profkit.names import POLL_RE, SYNC_RE
 
@@ -35,10 +36,11 @@ def thread_keys(pid: pd.Series, tid: pd.Series) -> np.ndarray:
 
 def runtime_flags(uniques: np.ndarray) -> dict[str, np.ndarray]:
     """Per unique event name: is it a launch (kernel or copy), a kernel launch, a sync, a poll."""
-    names = pd.Series(uniques, dtype=object).astype(str)
+    names = [str(u) for u in uniques]
+    every = np.arange(len(names))
 
     def has(pattern: re.Pattern[str]) -> np.ndarray:
-        return names.str.contains(pattern).to_numpy(bool)
+        return distinct.regex_flags(names, every, pattern, "search")
 
     kernel = has(KERNEL_LAUNCH_RE)
     return {

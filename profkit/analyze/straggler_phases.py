@@ -272,7 +272,7 @@ def _correlations_unsigned(events: pd.DataFrame) -> bool:
 def _name_flags(uniques: np.ndarray, regex) -> np.ndarray:
     """``regex.match`` of each of ``EventArrays.uniques`` (its "" for a missing name never matches
     these patterns, as ``_match_flags`` leaves a missing name False)."""
-    return np.array([bool(regex.match(str(u))) for u in uniques], dtype=bool)
+    return distinct.regex_flags([str(u) for u in uniques], np.arange(len(uniques)), regex)
 
 
 def _launch_runs_coded(ea, g: "_GpuArrays") -> dict[int, iv.Intervals]:

@@ -36,15 +36,19 @@ from profkit.collectives.syncpoints import (
     COLLECTIVE_KERNEL,
     COLLECTIVE_LAUNCH,
     HOST_COLUMNS,
+    _thread_key,
     code_flags,
     column_codes,
+    column_ints,
     host_sync_rows,
     missing_ints,
     sharing,
+    texts_at,
 )
 from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
 from profkit.intervals import nesting_parents
-from profkit.names import is_comm_kernel
+from profkit.distinct import regex_flags
+from profkit.names import COMM_KERNEL_RE
 
 _HOST_KINDS = (schema.CPU_OP, schema.CPU_SPAN)
 
@@ -93,34 +97,38 @@ def _candidates_coded(events: pd.DataFrame, sync_names: dict[str, str] | None) -
     host_rows = np.flatnonzero(code_flags(kind_u, kind_c, lambda u: u.isin(list(_HOST_KINDS)), missing=None))
     name_c, name_u = column_codes(events, "name")
     cat_c, cat_u = column_codes(events, "category")
+    coll_c, _ = column_codes(events, "coll_name")
     hn = name_c[host_rows]
-    ncclish = code_flags(name_u, hn, lambda u: u.str.match(_NCCLISH_RE), as_string=True) | code_flags(
-        cat_u, cat_c[host_rows], lambda u: u == "NCCL", as_string=True)
-    has_coll = events["coll_name"].notna().to_numpy(dtype=bool)[host_rows]
-    c10d = code_flags(name_u, hn, lambda u: u.str.match(COLL_OP_RE), as_string=True)
+    ncclish = regex_flags(name_u, hn, _NCCLISH_RE) | code_flags(cat_u, cat_c[host_rows], lambda u: u == "NCCL",
+                                                                as_string=True)
+    has_coll = coll_c[host_rows] >= 0
+    c10d = regex_flags(name_u, hn, COLL_OP_RE)
     like = ncclish | has_coll | c10d
-    launch_like = _take(events, _mask(len(events), host_rows[like]), _HOST_COLUMNS)
-    kernels, linked_ids = _link_launches(events, kernels, launch_like)
+    like_rows = host_rows[like]  # host spans that may launch or be a collective (positions)
+    kernels, linked_ids = _link_launches(events, kernels, like_rows)
     gpu_groups = {str(g) for g in pd.unique(kernels["group"].to_numpy(dtype=object)) if not pd.isna(g)} \
         if len(kernels) else set()
     frames = [_with_sync_columns(kernels, COLLECTIVE_KERNEL)]
 
     # host collective spans not linked to a kernel
-    unlinked = ~launch_like.index.isin(linked_ids)
-    lk = launch_like[unlinked]
+    like_labels = events.index[like_rows]
+    unlinked = ~like_labels.isin(linked_ids)
+    lk = like_rows[unlinked]
     lk_nccl = ncclish[like][unlinked]
-    lk_gpu_group = lk["coll_group"].astype("string").isin(gpu_groups).to_numpy(dtype=bool)
-    host_nccl = _take(events, _mask(len(events), host_rows[ncclish]), ("rank", "pid", "tid", "start_ns", "end_ns"))
-    is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(lk, host_nccl)
-    ranks_with_kernels = set(kernels["rank"].unique().tolist())
+    group_c, group_u = column_codes(events, "coll_group")
+    lk_gpu_group = code_flags(group_u, group_c[lk], lambda u: u.isin(list(gpu_groups)), missing=None, as_string=True)
+    is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(events, lk, host_rows[ncclish])
+    ranks_with_kernels = np.array(sorted(set(kernels["rank"].unique().tolist())), dtype=np.int64)
     lk_c10d = c10d[like][unlinked]
-    launch_spans = lk[is_launch & ~lk_c10d & ~lk["rank"].isin(ranks_with_kernels).to_numpy(dtype=bool)]
-    if len(launch_spans):
-        frames.append(_with_sync_columns(_launch_rows(launch_spans), COLLECTIVE_LAUNCH))
+    lk_rank = column_ints(events, "rank")[0][lk]
+    launch_spans = lk[is_launch & ~lk_c10d & ~np.isin(lk_rank, ranks_with_kernels)]
+    if launch_spans.size:
+        spans = _take(events, _mask(len(events), launch_spans), _HOST_COLUMNS)
+        frames.append(_with_sync_columns(_launch_rows(spans), COLLECTIVE_LAUNCH))
 
     # host-blocking collectives (ops of groups that run no GPU kernel, Gloo worker spans, sync
     # spans recognized by evidence): ``syncpoints``
-    op_labels = lk.index[~is_launch & (lk["coll_name"].notna().to_numpy(dtype=bool) | lk_c10d)]
+    op_labels = like_labels[unlinked][~is_launch & ((coll_c[lk] >= 0) | lk_c10d)]
     cpu = host_sync_rows(events, host_rows, op_labels, sync_names)
     if len(cpu):
         frames.append(cpu)
@@ -161,10 +169,10 @@ def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> p
 def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
     kind_c, kind_u = column_codes(events, "kind")
     is_kernel = code_flags(kind_u, kind_c, lambda u: u == schema.KERNEL, missing=None)
-    # ``is_comm_kernel`` of each distinct name once, on the whole column (codes, no rows taken)
+    # ``names.is_comm_kernel`` of each distinct name once, on the whole column (codes, no rows taken)
     codes, uniques = column_codes(events, "name")
-    comm_u = np.r_[is_comm_kernel(pd.Series(uniques, dtype=object)), False]
-    comm = is_kernel & (comm_u[codes] | events["coll_name"].notna().to_numpy(dtype=bool))
+    comm = is_kernel & (regex_flags(uniques, codes, COMM_KERNEL_RE, "search", missing=None)
+                        | events["coll_name"].notna().to_numpy(dtype=bool))
     k = _take(events, comm, _KERNEL_COLUMNS)
     names = k["name"].astype(str)
     derived = names.map({n: kernel_coll_name(n) for n in names.unique()})
@@ -194,11 +202,13 @@ def _identity_columns(rows: pd.DataFrame, kind: str, coll: pd.Series, names: pd.
     }
 
 
-def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFrame) -> tuple[pd.DataFrame, set]:
+def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.ndarray) -> tuple[pd.DataFrame, set]:
     """Kernel -> its launch call (correlation) -> the innermost host collective span around the call.
 
-    Returns kernels with launch_ns, tid, host_start_ns/host_end_ns and group/seq/coll filled from
-    the span chain where the kernel lacks them, and the index labels of the linked spans.
+    ``span_rows``: positions in ``events`` of the host spans that may hold a launch. Returns kernels
+    with launch_ns, tid, host_start_ns/host_end_ns and group/seq/coll filled from the span chain
+    where the kernel lacks them, and the index labels of the linked spans. Arrays taken at
+    positions throughout: a frame's rows, merge and groupby cost milliseconds each, per rank.
     """
     n = len(kernels)
     kernels = kernels.assign(launch_ns=missing_ints(n),
@@ -206,52 +216,47 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
                              host_end_ns=missing_ints(n))
     if n == 0:
         return kernels.drop(columns="correlation"), set()
-    # the runtime calls of these kernels' correlations only (the merge below matches on it): the
-    # same first call per (rank, pid, correlation) as over every runtime call
+    # the runtime calls of these kernels' correlations only: the first call per (rank, pid,
+    # correlation), in the events' order, is each kernel's launch (a missing pid matches a missing one)
     kind_c, kind_u = column_codes(events, "kind")
-    is_rt = code_flags(kind_u, kind_c, lambda u: u == schema.RUNTIME, missing=None)
-    is_rt &= events["correlation"].notna().to_numpy(dtype=bool)
+    corr, corr_missing = column_ints(events, "correlation")
+    is_rt = code_flags(kind_u, kind_c, lambda u: u == schema.RUNTIME, missing=None) & ~corr_missing
     k_corr = kernels["correlation"]
-    wanted = pd.Index(np.unique(k_corr[k_corr.notna()].to_numpy(dtype=np.int64)))
-    rows = np.flatnonzero(is_rt)
-    rows = rows[wanted.get_indexer(events["correlation"].to_numpy(dtype=np.int64, na_value=-1)[rows]) >= 0]
-    rt = _take(events, _mask(len(events), rows), _RUNTIME_COLUMNS)
-    rt = pd.DataFrame({
-        "rank": rt["rank"].to_numpy(dtype=np.int64),
-        "pid": rt["pid"].astype("Int64").to_numpy(),
-        "correlation": rt["correlation"].astype("Int64").to_numpy(),
-        "rt_tid": rt["tid"].astype("Int64").to_numpy(),
-        "rt_start": rt["start_ns"].to_numpy(dtype=np.int64),
-        "rt_end": rt["end_ns"].to_numpy(dtype=np.int64),
-    }).drop_duplicates(["rank", "pid", "correlation"])
-    key = kernels[["rank", "pid", "correlation"]].reset_index()
-    joined = key.merge(rt, on=["rank", "pid", "correlation"], how="left").set_index("index").reindex(kernels.index)
-    has = joined["rt_start"].notna().to_numpy(dtype=bool)
-    kernels.loc[has, "launch_ns"] = joined.loc[has, "rt_start"].astype("int64").to_numpy()
-    kernels["tid"] = joined["rt_tid"].astype("Int64").to_numpy()
+    wanted = np.unique(k_corr[k_corr.notna()].to_numpy(dtype=np.int64))
+    rt = np.flatnonzero(is_rt)
+    rt = rt[np.isin(corr[rt], wanted)]
+    none = np.iinfo(np.int64).min  # a missing id's key (no real id is int64's minimum)
+    pid, pid_missing = column_ints(events, "pid")
+    k_pid = kernels["pid"]
+    k_pid = np.where(k_pid.isna().to_numpy(bool), none, k_pid.to_numpy(dtype=np.int64, na_value=0))
+    k_corr = np.where(k_corr.isna().to_numpy(bool), none, k_corr.to_numpy(dtype=np.int64, na_value=0))
+    match = _first_match((column_ints(events, "rank")[0][rt], np.where(pid_missing[rt], none, pid[rt]), corr[rt]),
+                         (kernels["rank"].to_numpy(np.int64), k_pid, k_corr))
+    has = match >= 0
+    at = rt[np.maximum(match, 0)] if rt.size else np.zeros(n, np.int64)
+    starts, ends = column_ints(events, "start_ns")[0], column_ints(events, "end_ns")[0]
+    tid, tid_missing = column_ints(events, "tid")
+    rt_start = np.where(has, starts[at], 0) if rt.size else np.zeros(n, np.int64)
+    rt_end = np.where(has, ends[at], 0) if rt.size else np.zeros(n, np.int64)
+    rt_tid = np.where(has, tid[at], -1) if rt.size else np.full(n, -1, np.int64)
+    kernels["launch_ns"] = pd.arrays.IntegerArray(np.where(has, rt_start, 1), ~has)
+    no_tid = ~has | (tid_missing[at] if rt.size else True)
+    kernels["tid"] = pd.arrays.IntegerArray(np.where(no_tid, 1, rt_tid), no_tid).to_numpy()
     linked: set = set()
-    if not has.any() or spans.empty:
+    if not has.any() or not span_rows.size:
         return kernels.drop(columns="correlation"), linked
     # innermost host collective span on the launching thread around each launch call
-    sp = pd.DataFrame({
-        "label": spans.index.to_numpy(),
-        "rank": spans["rank"].to_numpy(dtype=np.int64),
-        "pid": spans["pid"].to_numpy(dtype=np.int64, na_value=-1),
-        "tid": spans["tid"].to_numpy(dtype=np.int64, na_value=-1),
-        "start": spans["start_ns"].to_numpy(dtype=np.int64),
-        "end": spans["end_ns"].to_numpy(dtype=np.int64),
-        "group": spans["coll_group"].astype(object).where(spans["coll_group"].notna(), None).to_numpy(dtype=object),
-        "seq": spans["coll_seq"].astype("Int64").to_numpy(),
-        "coll": spans["coll_name"].astype(object).where(spans["coll_name"].notna(), None).to_numpy(dtype=object),
-    })
-    ln = pd.DataFrame({
-        "row": np.flatnonzero(has),
-        "rank": kernels["rank"].to_numpy()[has],
-        "pid": kernels["pid"].to_numpy(dtype=np.int64, na_value=-1)[has],
-        "tid": joined["rt_tid"].to_numpy(dtype=np.int64, na_value=-1)[has],
-        "start": joined["rt_start"].to_numpy(dtype=np.int64, na_value=0)[has],
-        "end": joined["rt_end"].to_numpy(dtype=np.int64, na_value=0)[has],
-    })
+    sp_key = _thread_key({"rank": column_ints(events, "rank")[0][span_rows], "pid": pid[span_rows],
+                          "tid": tid[span_rows]})
+    sp_start, sp_end = starts[span_rows], ends[span_rows]
+    sp_group = texts_at(events, "coll_group", span_rows)
+    seq, seq_missing = column_ints(events, "coll_seq")
+    sp_seq = pd.arrays.IntegerArray(np.where(seq_missing[span_rows], 1, seq[span_rows]), seq_missing[span_rows]).to_numpy()
+    sp_coll = texts_at(events, "coll_name", span_rows)
+    sp_labels = events.index[span_rows].to_numpy()
+    rows_all = np.flatnonzero(has)
+    ln_key = _thread_key({"rank": kernels["rank"].to_numpy(np.int64)[has],
+                          "pid": kernels["pid"].to_numpy(dtype=np.int64, na_value=-1)[has], "tid": rt_tid[has]})
     group = kernels["group"].to_numpy(dtype=object).copy()
     seq = kernels["seq"].to_numpy(dtype=object).copy()
     coll = kernels["coll_name"].to_numpy(dtype=object).copy()
@@ -262,28 +267,28 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
     c_weak = _is_none(coll) | _equals(coll, "nccl") | _equals(coll, "comm")
     hs = np.full(n, -1, dtype=np.int64)
     he = np.full(n, -1, dtype=np.int64)
-    span_groups = {k: v for k, v in sp.groupby(["rank", "pid", "tid"], sort=False)}
-    for thread, launches in ln.groupby(["rank", "pid", "tid"], sort=False):
-        s = span_groups.get(thread)
-        if s is None:
+    for thread in np.unique(ln_key):
+        on = np.flatnonzero(sp_key == thread)
+        if not on.size:
             continue
-        s = s.sort_values(["start", "end"], ascending=[True, False], kind="stable")
-        starts, ends = s["start"].to_numpy(), s["end"].to_numpy()
-        parent = nesting_parents(starts, ends)
-        t0, t1 = launches["start"].to_numpy(), launches["end"].to_numpy()
-        cand = np.searchsorted(starts, t0, side="right") - 1
+        on = on[np.lexsort((-sp_end[on], sp_start[on]))]  # by start, longest first (stable)
+        starts_t, ends_t = sp_start[on], sp_end[on]
+        parent = nesting_parents(starts_t, ends_t)
+        mine = ln_key == thread
+        t0, t1 = rt_start[has][mine], rt_end[has][mine]
+        cand = np.searchsorted(starts_t, t0, side="right") - 1
         for _ in range(8):  # climb to the first span that encloses the call
-            bad = (cand >= 0) & (ends[np.maximum(cand, 0)] < t1)
+            bad = (cand >= 0) & (ends_t[np.maximum(cand, 0)] < t1)
             if not bad.any():
                 break
             cand = np.where(bad, parent[np.maximum(cand, 0)], cand)
-        ok = (cand >= 0) & (ends[np.maximum(cand, 0)] >= t1)
-        rows = launches["row"].to_numpy()[ok]
+        ok = (cand >= 0) & (ends_t[np.maximum(cand, 0)] >= t1)
+        rows = rows_all[mine][ok]
         inner = cand[ok]
-        hs[rows] = starts[inner]
-        he[rows] = ends[inner]
-        s_group, s_seq, s_coll = s["group"].to_numpy(), s["seq"].to_numpy(dtype=object), s["coll"].to_numpy()
-        labels = s["label"].to_numpy()
+        hs[rows] = starts_t[inner]
+        he[rows] = ends_t[inner]
+        s_group, s_seq, s_coll = sp_group[on], sp_seq[on].astype(object), sp_coll[on]
+        labels = sp_labels[on]
         # the span's fields tested once per span, not per kernel and level
         g_has, c_has = ~_is_none(s_group), ~_is_none(s_coll)
         q_has = ~(_is_none(s_seq) | _is(s_seq, pd.NA))
@@ -311,6 +316,29 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, spans: pd.DataFr
     kernels["host_start_ns"] = pd.arrays.IntegerArray(np.maximum(hs, 0), hs < 0)
     kernels["host_end_ns"] = pd.arrays.IntegerArray(np.maximum(he, 0), he < 0)
     return kernels.drop(columns="correlation"), linked
+
+
+def _first_match(table: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Per row of ``keys`` (tuples of int64 columns), the first row of ``table`` with equal
+    columns, -1 if none: ``drop_duplicates`` then a left ``merge``, sorted instead of hashed."""
+    m, n = table[0].size, keys[0].size
+    if not m or not n:
+        return np.full(n, -1, np.int64)
+    cols = [np.concatenate([t, k]) for t, k in zip(table, keys)]
+    is_key = np.r_[np.zeros(m, bool), np.ones(n, bool)]
+    order = np.lexsort((np.arange(m + n), is_key, *reversed(cols)))  # a key's table rows first, in order
+    new = np.zeros(m + n, bool)
+    new[0] = True
+    for c in cols:
+        sc = c[order]
+        new[1:] |= sc[1:] != sc[:-1]
+    group = np.cumsum(new) - 1
+    head = order[new]
+    found = np.where(head < m, head, -1)[group]
+    out = np.full(n, -1, np.int64)
+    k = order >= m
+    out[order[k] - m] = found[k]
+    return out
 
 
 def _int64_array(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
@@ -351,22 +379,30 @@ def _equals(values: np.ndarray, text: str) -> np.ndarray:
     return out
 
 
-def _holds_nccl_span(spans: pd.DataFrame, nccl: pd.DataFrame) -> np.ndarray:
-    """True for spans with an NCCL span (``nccl:*`` record function, NCCL NVTX range) starting inside
-    them on the same thread: torch's record_param_comms of a NCCL group, even with no kernel seen."""
-    out = np.zeros(len(spans), dtype=bool)
-    if spans.empty or nccl.empty:
+def _holds_nccl_span(events: pd.DataFrame, spans: np.ndarray, nccl: np.ndarray) -> np.ndarray:
+    """True for spans (positions) with an NCCL span (``nccl:*`` record function, NCCL NVTX range;
+    positions ``nccl``) starting inside them on the same thread: torch's record_param_comms of a
+    NCCL group, even with no kernel seen."""
+    out = np.zeros(spans.size, dtype=bool)
+    if not spans.size or not nccl.size:
         return out
-    keys = ["rank", "pid", "tid"]
-    inner = {k: np.sort(g["start_ns"].to_numpy(np.int64)) for k, g in nccl.groupby(keys, dropna=False, sort=False)}
-    pos = pd.Series(np.arange(len(spans)), index=spans.index)
-    for k, g in spans.groupby(keys, dropna=False, sort=False):
-        starts = inner.get(k)
-        if starts is None:
-            continue
-        lo = np.searchsorted(starts, g["start_ns"].to_numpy(np.int64), side="left")
-        hi = np.searchsorted(starts, g["end_ns"].to_numpy(np.int64), side="right")
-        out[pos[g.index].to_numpy()] = hi > lo
+    none = np.iinfo(np.int64).min  # a missing id is its own thread id (as grouping with dropna=False)
+
+    def thread(rows: np.ndarray) -> np.ndarray:
+        ids = {}
+        for c in ("rank", "pid", "tid"):
+            v, miss = column_ints(events, c)
+            ids[c] = np.where(miss[rows], none, v[rows])
+        return _thread_key(ids)
+    starts = column_ints(events, "start_ns")[0]
+    ends = column_ints(events, "end_ns")[0]
+    n_key, s_key = thread(nccl), thread(spans)
+    for k in np.unique(n_key):
+        inner = np.sort(starts[nccl[n_key == k]])
+        m = s_key == k
+        lo = np.searchsorted(inner, starts[spans[m]], side="left")
+        hi = np.searchsorted(inner, ends[spans[m]], side="right")
+        out[m] = hi > lo
     return out
 
 

@@ -47,6 +47,7 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from profkit import distinct, schema
 from profkit.ingest.collectives import normalize_coll_name
@@ -102,6 +103,7 @@ FACT_COLUMNS = ["rank", "name", "n", "total_ns", "blocked_ns", "with_collective"
 SAMPLE_COLUMNS = ["rank", "name", "start_ns", "end_ns"]
 
 _HOST_EVENT_KINDS = (schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME, schema.GC)  # "the thread did something"
+_NCCL_PREFIX_RE = re.compile(r"^(?:nccl|rccl)", re.IGNORECASE)
 _LIBRARY_RE = re.compile(r"^(?:gloo:|nccl|rccl|c10d::|record_param_comms|ProfilerStep#|cuda|cu[A-Z]|aten::)", re.I)
 
 
@@ -133,11 +135,11 @@ def host_sync_rows(events: pd.DataFrame, host_rows: np.ndarray, op_labels,
     name_c, name_u = column_codes(events, "name")
     hn = name_c[host_rows]
     is_op = events.index[host_rows].isin(pd.Index(op_labels))
-    gloo = code_flags(name_u, hn, lambda u: u.str.match(GLOO_RE), as_string=True)
+    gloo = distinct.regex_flags(name_u, hn, GLOO_RE)
     kind_c, kind_u = column_codes(events, "kind")
     span_kind = code_flags(kind_u, kind_c[host_rows], lambda u: u == schema.CPU_SPAN, missing=None)
     cat_c, cat_u = column_codes(events, "category")
-    by_name = code_flags(name_u, hn, lambda u: u.str.contains(NAME_SYNC_RE), as_string=True) | code_flags(
+    by_name = distinct.regex_flags(name_u, hn, NAME_SYNC_RE, "search") | code_flags(
         cat_u, cat_c[host_rows], lambda u: u == DP_SYNC_CATEGORY, as_string=True)
     cross = code_flags(name_u, hn, lambda u: u.isin(list(sync_names)), as_string=True) if sync_names \
         else np.zeros(host_rows.size, bool)
@@ -145,30 +147,22 @@ def host_sync_rows(events: pd.DataFrame, host_rows: np.ndarray, op_labels,
     if not (is_op.any() or gloo.any() or named.any()):
         return pd.DataFrame()
     ctx = _thread_context(events)
-    frames = []
+    members = []
     if is_op.any():
-        frames.append(_op_members(_rows(events, host_rows[is_op]), ctx))
+        members.append(_op_members(events, host_rows[is_op], ctx))
     if gloo.any():
-        frames.append(_plain_members(_rows(events, host_rows[gloo]), GLOO_SPAN, calling=False))
+        members.append(_plain_members(_base_at(events, host_rows[gloo]), GLOO_SPAN, calling=False))
     if named.any():
         named_names = np.array(list(name_u) + [""], dtype=object)[np.where(hn[named] < 0, len(name_u), hn[named])]
         ev = np.where(cross[named], [sync_names.get(n, NAME) for n in named_names], NAME)
         ev = np.where(by_name[named] & cross[named], [f"{NAME}+{e}" if e != NAME else e for e in ev], ev)
-        frames.append(_span_members(_rows(events, host_rows[named]), ev, ctx))
-    members = pd.concat([f for f in frames if len(f)], ignore_index=True)
-    return _clusters(members)
+        members.append(_span_members(events, host_rows[named], ev, ctx))
+    members = [m for m in members if m["rank"].size]
+    return _clusters({c: np.concatenate([m[c] for m in members]) for c in members[0]})
 
 
 HOST_COLUMNS = ("rank", "kind", "name", "category", "start_ns", "end_ns", "pid", "tid", "coll_name", "coll_group",
                 "coll_seq")
-
-
-def _rows(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...] = HOST_COLUMNS) -> pd.DataFrame:
-    """The rows at positions ``rows`` (ascending), only ``columns`` (index labels kept): taking
-    rows of every column of the wide Arrow table costs much more."""
-    mask = np.zeros(len(events), bool)
-    mask[rows] = True
-    return events.loc[mask, list(columns)]
 
 
 class _ThreadContext:
@@ -196,8 +190,9 @@ class _ThreadContext:
         codes = codes[keep]
         self.name = np.where(codes < 0, len(uniques) - 1, codes)
         # per unique name, once: a Gloo worker span, a blocking OS call name
-        gloo = uniques.str.match(GLOO_RE).to_numpy(bool)
-        block = uniques.str.match(BLOCKING_CALL_RE).to_numpy(bool)
+        every = np.arange(len(uniques))
+        gloo = distinct.regex_flags(self.names, every, GLOO_RE)
+        block = distinct.regex_flags(self.names, every, BLOCKING_CALL_RE)
         self.act = is_kind(*_HOST_EVENT_KINDS)
         self.span = is_kind(schema.CPU_SPAN) & ~gloo[self.name] if keep.any() else np.zeros(0, bool)
         self.block = is_kind(schema.OSRT) & block[self.name] if keep.any() else np.zeros(0, bool)
@@ -279,6 +274,7 @@ class _Shared:
     def __init__(self, events: pd.DataFrame):
         self.events = events
         self.ctx: _ThreadContext | None = None
+        self.ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ``column_ints``
 
 
 _SHARED: list[_Shared] = []  # one per open ``shared_context`` block
@@ -323,6 +319,52 @@ def column_codes(events: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray
     return distinct.codes(events[col])
 
 
+def column_ints(events: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """An integer column as (int64 values, -1 where missing; where missing), converted once per
+    ``shared_context`` block of the frame. Why: a rank's collective rows are taken a few hundred
+    at a time, several times, and pandas' fixed cost per take and ``astype`` of a frame's rows was
+    most of the time of a rank of a few thousand events."""
+    shared = _SHARED[-1] if _SHARED and _SHARED[-1].events is events else None
+    got = shared.ints.get(col) if shared is not None else None
+    if got is None:
+        values = events[col]
+        got = (values.to_numpy(np.int64, na_value=-1), values.isna().to_numpy(bool))
+        if shared is not None:
+            shared.ints[col] = got
+    return got
+
+
+def _is_text(values: pd.Series) -> bool:
+    """A column of strings (Arrow or pandas string dtype): its ``column_codes`` values are its values."""
+    dtype = values.dtype
+    return isinstance(dtype, pd.StringDtype) or (
+        isinstance(dtype, pd.ArrowDtype) and pa.types.is_string(dtype.pyarrow_dtype))
+
+
+def texts_at(events: pd.DataFrame, col: str, rows: np.ndarray) -> np.ndarray:
+    """``events[col].iloc[rows].astype(object).where(notna, None)`` as an object array, from the
+    column's codes (the strings are not taken row by row)."""
+    if not _is_text(events[col]):
+        got = events[col].iloc[rows]
+        return got.astype(object).where(got.notna(), None).to_numpy(dtype=object)
+    codes, uniques = column_codes(events, col)
+    values = np.empty(len(uniques) + 1, dtype=object)
+    values[:-1] = uniques
+    values[-1] = None
+    c = codes[rows]
+    return values[np.where(c < 0, len(uniques), c)]
+
+
+def _names_at(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """``events["name"].iloc[rows].astype(str)`` as an object array (a missing name as
+    ``astype(str)`` makes it, which depends on the dtype: taken as it is then)."""
+    codes, uniques = column_codes(events, "name")
+    c = codes[rows]
+    if (c < 0).any() or not _is_text(events["name"]):
+        return events["name"].iloc[rows].astype(str).to_numpy(dtype=object)
+    return uniques[c]
+
+
 def code_flags(uniques: np.ndarray, codes: np.ndarray, test, missing: str | None = "",
                as_string: bool = False) -> np.ndarray:
     """``test`` (a Series of strings -> bools) of each row's value, run once per distinct value:
@@ -349,33 +391,39 @@ def _thread_key(df: pd.DataFrame | dict[str, np.ndarray]) -> np.ndarray:
     return pd.util.hash_pandas_object(cols, index=False).to_numpy(np.uint64).view(np.int64)
 
 
-def _base(rows: pd.DataFrame) -> dict:
-    return {
-        "rank": rows["rank"].to_numpy(np.int64),
-        "pid": rows["pid"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1),
-        "tid": rows["tid"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1),
-        "start": rows["start_ns"].to_numpy(np.int64),
-        "end": rows["end_ns"].to_numpy(np.int64),
-        "name": rows["name"].astype(str).to_numpy(dtype=object),
-        "group": rows["coll_group"].astype(object).where(rows["coll_group"].notna(), None).to_numpy(dtype=object),
-        "seq": rows["coll_seq"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1),
-        "coll": rows["coll_name"].astype(object).where(rows["coll_name"].notna(), None).to_numpy(dtype=object),
-    }
+def _base_at(events: pd.DataFrame, rows: np.ndarray) -> dict:
+    """The member columns of the rows at positions ``rows``, as arrays (ids: -1 where missing)."""
+    base = {c: column_ints(events, col)[0][rows] for c, col in (
+        ("rank", "rank"), ("pid", "pid"), ("tid", "tid"), ("start", "start_ns"), ("end", "end_ns"), ("seq", "coll_seq"))}
+    base["name"] = _names_at(events, rows)
+    base["group"] = texts_at(events, "coll_group", rows)
+    base["coll"] = texts_at(events, "coll_name", rows)
+    return base
 
 
-def _op_members(ops: pd.DataFrame, ctx: _ThreadContext) -> pd.DataFrame:
+def _thread_sorted(events: pd.DataFrame, rows: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray]:
+    """``_base_at`` of ``rows`` in the order of (rank, pid, tid, start, end descending), missing
+    ids last (as a stable ``sort_values`` orders them); the order; the rows' thread keys."""
+    b = _base_at(events, rows)
+    big = np.iinfo(np.int64).max
+    pid = np.where(column_ints(events, "pid")[1][rows], big, b["pid"])
+    tid = np.where(column_ints(events, "tid")[1][rows], big, b["tid"])
+    order = np.lexsort((-b["end"], b["start"], tid, pid, b["rank"]))  # stable
+    b = {c: v[order] for c, v in b.items()}
+    return b, order, _thread_key(b)
+
+
+def _op_members(events: pd.DataFrame, rows: np.ndarray, ctx: _ThreadContext) -> dict:
     """Host-blocking collective ops (the outermost on their thread): arrive at the op's start,
     released at the thread's next activity after the op returned (capped by the enclosing span)."""
-    ops = ops.sort_values(["rank", "pid", "tid", "start_ns", "end_ns"], ascending=[True] * 4 + [False], kind="stable")
-    key = _thread_key(ops)
-    end = ops["end_ns"].to_numpy(np.int64)
+    b, _, key = _thread_sorted(events, rows)
+    end = b["end"]
     same = np.r_[False, key[1:] == key[:-1]]
     block = np.cumsum(~same)
     run_end = pd.Series(end).groupby(block).cummax().to_numpy()
     nested = same & (end <= np.r_[0, run_end[:-1]])
-    ops, key = ops[~nested], key[~nested]
-    b = _base(ops)
-    n = len(ops)
+    b, key = {c: v[~nested] for c, v in b.items()}, key[~nested]
+    n = key.size
     exit_ = b["end"].copy()
     span_s = np.full(n, -1, np.int64)
     span_n = np.full(n, None, dtype=object)
@@ -393,31 +441,28 @@ def _op_members(ops: pd.DataFrame, ctx: _ThreadContext) -> pd.DataFrame:
                          coll=coll, calling=True, prio=1)
 
 
-def _plain_members(rows: pd.DataFrame, evidence: str, calling: bool) -> pd.DataFrame:
+def _plain_members(b: dict, evidence: str, calling: bool) -> dict:
     """Gloo worker spans: their start is when the worker took the work (close to the arrival),
     their end the common exit (the most exact end)."""
-    b = _base(rows)
     coll = np.array([normalize_coll_name(GLOO_RE.match(nm).group(1)) or GLOO_RE.match(nm).group(1) for nm in b["name"]],
                     dtype=object)
-    n = len(rows)
+    n = b["rank"].size
     return _member_frame(b, evidence, region_start=b["start"], region_end=b["end"], arrive=np.full(n, -1, np.int64),
                          exit_=np.full(n, -1, np.int64), common_end=b["end"], span_start=np.full(n, -1, np.int64),
                          span_name=np.full(n, None, dtype=object), coll=coll, calling=calling, prio=0)
 
 
-def _span_members(spans: pd.DataFrame, evidence: np.ndarray, ctx: _ThreadContext) -> pd.DataFrame:
+def _span_members(events: pd.DataFrame, rows: np.ndarray, evidence: np.ndarray, ctx: _ThreadContext) -> dict:
     """Sync spans recognized by name or cross-rank evidence: the innermost on each thread.
     Arrival: the longest blocking OS call inside, else the span's start; released at its end."""
-    spans = spans.assign(_ev=evidence).sort_values(["rank", "pid", "tid", "start_ns", "end_ns"],
-                                                   ascending=[True] * 4 + [False], kind="stable")
-    key = _thread_key(spans)
-    s, e = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    b, order, key = _thread_sorted(events, rows)
+    evidence = np.asarray(evidence, dtype=object)[order]
+    s, e = b["start"], b["end"]
     # drop a span that holds another recognized span of its thread: the innermost is the sync point
     nxt_same = np.r_[key[1:] == key[:-1], False]
     holds = nxt_same & (np.r_[s[1:], 0] >= s) & (np.r_[e[1:], 0] <= e)
-    spans, key = spans[~holds], key[~holds]
-    b = _base(spans)
-    n = len(spans)
+    b, key, evidence = {c: v[~holds] for c, v in b.items()}, key[~holds], evidence[~holds]
+    n = key.size
     arrive = b["start"].copy()
     for k in np.unique(key):
         m = key == k
@@ -426,34 +471,36 @@ def _span_members(spans: pd.DataFrame, evidence: np.ndarray, ctx: _ThreadContext
     coll = np.array([c if c is not None else ("all_reduce" if NAME_SYNC_RE.search(nm) and "barrier" not in nm.lower()
                                               else ("barrier" if "barrier" in nm.lower() else UNKNOWN_COLL))
                      for c, nm in zip(b["coll"], b["name"])], dtype=object)
-    return _member_frame(b, spans["_ev"].to_numpy(dtype=object), region_start=b["start"], region_end=b["end"],
+    return _member_frame(b, evidence, region_start=b["start"], region_end=b["end"],
                          arrive=arrive, exit_=b["end"], common_end=np.full(n, -1, np.int64), span_start=b["start"],
                          span_name=b["name"], coll=coll, calling=True, prio=2)
 
 
 def _member_frame(b: dict, evidence, *, region_start, region_end, arrive, exit_, common_end, span_start, span_name,
-                  coll, calling: bool, prio: int) -> pd.DataFrame:
+                  coll, calling: bool, prio: int) -> dict:
+    """The members' columns (``_clusters`` reads them), as arrays."""
     n = b["rank"].size
-    return pd.DataFrame({
-        "rank": b["rank"], "pid": b["pid"], "tid": b["tid"], "name": b["name"], "group": b["group"], "seq": b["seq"],
-        "coll": coll, "evidence": evidence if isinstance(evidence, np.ndarray) else np.full(n, evidence, dtype=object),
+    return {
+        "rank": b["rank"], "pid": b["pid"], "tid": b["tid"], "name": np.asarray(b["name"], dtype=object),
+        "group": b["group"], "seq": b["seq"], "coll": coll,
+        "evidence": evidence if isinstance(evidence, np.ndarray) else np.full(n, evidence, dtype=object),
         "r_start": np.asarray(region_start, np.int64), "r_end": np.asarray(region_end, np.int64),
         "arrive": np.asarray(arrive, np.int64), "exit": np.asarray(exit_, np.int64),
         "common_end": np.asarray(common_end, np.int64), "span_start": np.asarray(span_start, np.int64),
-        "span_name": span_name, "calling": np.full(n, calling), "prio": np.full(n, prio, np.int64),
+        "span_name": np.asarray(span_name, dtype=object), "calling": np.full(n, calling), "prio": np.full(n, prio, np.int64),
         "op_start": b["start"] if prio == 1 else np.full(n, -1, np.int64),
-    })
+    }
 
 
-def _clusters(m: pd.DataFrame) -> pd.DataFrame:
+def _clusters(m: dict[str, np.ndarray]) -> pd.DataFrame:
     """Overlapping members of one process are one instance (candidate rows, see module docstring).
 
     Per block of overlapping members, with array operations (a few thousand members per rank:
     pandas' per-call cost of tens of grouped operations was most of the time): the block's first
     member in each of several orders, and min / max of the members' times that are set (>= 0)."""
-    order = np.lexsort((-m["r_end"].to_numpy(np.int64), m["r_start"].to_numpy(np.int64),
-                        m["pid"].to_numpy(np.int64), m["rank"].to_numpy(np.int64)))  # stable
-    col = {c: m[c].to_numpy(dtype=object if c in _MEMBER_TEXT else None)[order] for c in m.columns}
+    order = np.lexsort((-m["r_end"].astype(np.int64), m["r_start"].astype(np.int64),
+                        m["pid"].astype(np.int64), m["rank"].astype(np.int64)))  # stable
+    col = {c: np.asarray(v, dtype=object if c in _MEMBER_TEXT else None)[order] for c, v in m.items()}
     proc = col["rank"].astype(np.int64) * (1 << 32) + (col["pid"].astype(np.int64) & 0xFFFFFFFF)
     s, e = col["r_start"].astype(np.int64), col["r_end"].astype(np.int64)
     new = np.r_[True, proc[1:] != proc[:-1]]
@@ -583,8 +630,9 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     code = name_c[rows]
     if (code < 0).any():  # a span without a name: the frame path groups as it always did
         return _span_facts_frames(events, exclude)
-    lib = code_flags(name_u, code, lambda u: u.str.match(_LIBRARY_RE) | (
-        u.str.contains(exclude) if exclude is not None else False))
+    lib = distinct.regex_flags(name_u, code, _LIBRARY_RE)
+    if exclude is not None:
+        lib |= distinct.regex_flags(name_u, code, exclude, "search")
     rows, code = rows[~lib], code[~lib]
     if not rows.size:
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
@@ -597,7 +645,7 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     rows, code, rank = rows[ok], code[ok], rank[ok]
     if not rows.size:
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
-    key = _thread_key(_rows(events, rows, ("rank", "pid", "tid")))
+    key = _thread_key({c: column_ints(events, c)[0][rows] for c in ("rank", "pid", "tid")})
     s = events["start_ns"].to_numpy(np.int64)[rows]
     e = events["end_ns"].to_numpy(np.int64)[rows]
     blocked, holds = _blocked_and_holding(events, key, rank, s, e)
@@ -697,12 +745,12 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
         return {}, {}
     is_rt = code_flags(kind_u, kind_c, lambda u: u == schema.RUNTIME, missing=None)
     name_c, name_u = column_codes(events, "name")
-    coll = code_flags(name_u, name_c, lambda u: u.str.match(COLL_OP_RE) | u.str.match(GLOO_RE)
-                      | u.str.match(r"^(?:nccl|rccl)", case=False))
+    coll = (distinct.regex_flags(name_u, name_c, COLL_OP_RE) | distinct.regex_flags(name_u, name_c, GLOO_RE)
+            | distinct.regex_flags(name_u, name_c, _NCCL_PREFIX_RE))
     cat_c, cat_u = column_codes(events, "category")
     coll |= code_flags(cat_u, cat_c, lambda u: u == "NCCL", missing=None) | events["coll_name"].notna().to_numpy(bool)
     coll &= is_host & ~is_rt
-    sync = is_rt & code_flags(name_u, name_c, lambda u: u.str.contains(SYNC_RE) | u.str.match(POLL_RE))
+    sync = is_rt & (distinct.regex_flags(name_u, name_c, SYNC_RE, "search") | distinct.regex_flags(name_u, name_c, POLL_RE))
     starts = events["start_ns"].to_numpy(np.int64)
     ranks = events["rank"].to_numpy(np.int64)
     by_rank = {int(r): np.sort(starts[coll & (ranks == r)]) for r in np.unique(ranks[coll])}
