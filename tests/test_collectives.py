@@ -357,3 +357,29 @@ def test_first_match_is_drop_duplicates_then_a_left_merge(table, keys):
     k = pd.DataFrame(keys, columns=["r", "p", "c"]).astype({"p": "Int64"})
     want = k.merge(t, on=["r", "p", "c"], how="left")["index"].fillna(-1).astype(np.int64).to_numpy()
     np.testing.assert_array_equal(got, want)
+
+
+def test_kernel_without_a_sequence_number_takes_its_launch_spans():
+    """A NCCL kernel with no sequence number of its own, launched inside ``nccl:all_reduce`` (no
+    number) inside ``record_param_comms`` (number 7): the kernel is collective 7, as matching
+    across ranks by sequence needs. Under pandas 3 a missing number reached numpy as NaN, which
+    the old identity test for None / NA took for a number: the kernel kept none."""
+    from profkit.collectives.candidates import collective_candidates
+
+    def row(kind, name, start, end, **more):
+        return {"rank": 0, "source": "t", "kind": kind, "name": name, "start_ns": start, "end_ns": end, "pid": 10,
+                "tid": 1, **more}
+    ev = schema.from_records([
+        row(schema.CPU_OP, "record_param_comms", 100, 500, coll_seq=7, coll_name="all_reduce", coll_group="0"),
+        row(schema.CPU_SPAN, "nccl:all_reduce", 150, 450),
+        row(schema.RUNTIME, "cudaLaunchKernel", 200, 210, correlation=5),
+        row(schema.KERNEL, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300, 400, tid=7, device=0, stream=7,
+            correlation=5),
+        row(schema.RUNTIME, "cudaLaunchKernel", 600, 610, correlation=6),  # a second collective, numbered itself
+        row(schema.KERNEL, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 700, 800, tid=7, device=0, stream=7,
+            correlation=6, coll_seq=8, coll_group="0"),
+    ])
+    got = collective_candidates(ev)
+    kernels = got[got["source_kind"] == KERNEL].sort_values("start_ns")
+    assert kernels["seq"].tolist() == [7, 8] and kernels["group"].tolist() == ["0", "0"]
+    assert kernels["launch_ns"].tolist() == [200, 600] and kernels["host_start_ns"].iloc[0] == 150

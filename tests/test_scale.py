@@ -63,6 +63,23 @@ def serial(dep32):
     return analyze_paths([dep32], executor="serial")
 
 
+@pytest.fixture(scope="module")
+def dep12(tmp_path_factory) -> Path:
+    """A smaller capture for what does not depend on size (retries, error messages, the CLI's
+    flags): 12 ranks (rank 11 is the last finish task, with the impact tasks queued behind it),
+    8 steps, the same two causes; a run costs a fraction of DEP32's."""
+    out = tmp_path_factory.mktemp("dep12") / "sim"
+    subprocess.run([sys.executable, "-m", "profkit.cli.main", "simulate", "--ranks", "12", "--steps", "8", "--seed", "9",
+                    "--layers", "2", "--inject", "gc:rank=5,every=3,ms=20", "--inject", "slow_schedule:rank=7,ms=4",
+                    "-o", str(out), "-q", "--workers", "2"], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def serial12(dep12):
+    return analyze_paths([dep12], executor="serial")
+
+
 def test_serial_pool_dask_and_in_memory_give_identical_tables(dep32, serial):
     pool = analyze_paths([dep32], executor="pool", workers=2)
     dask = analyze_paths([dep32], executor="dask", dask_local=2)
@@ -133,41 +150,41 @@ def test_driver_holds_no_events(serial, dep32):
     assert serial.capture.event_count == sum(load(dep32).parts["n_events"])
 
 
-def test_a_dask_worker_killed_mid_run_is_retried(dep32, serial, tmp_path, monkeypatch):
+def test_a_dask_worker_killed_mid_run_is_retried(dep12, serial12, tmp_path, monkeypatch):
     monkeypatch.setenv(KILL_ENV, f"rank:7:{tmp_path / 'killed'}")  # rank 7's first attempt dies
-    again = analyze_paths([dep32], executor="dask", dask_local=2)
+    again = analyze_paths([dep12], executor="dask", dask_local=2)
     assert (tmp_path / "killed").exists()
-    _assert_same(serial, again, "dask after a worker died")
+    _assert_same(serial12, again, "dask after a worker died")
 
 
-def test_a_dask_task_whose_workers_keep_dying_fails_naming_the_rank(dep32, monkeypatch):
+def test_a_dask_task_whose_workers_keep_dying_fails_naming_the_rank(dep12, monkeypatch):
     dask_config = pytest.importorskip("dask.config")
     monkeypatch.setenv(KILL_ENV, "finish:11")  # every attempt dies
     with dask_config.set({"distributed.scheduler.allowed-failures": 1}):
         with pytest.raises(ScaleError, match=r"rank 11: stage 'finish'"):
-            analyze_paths([dep32], executor="dask", dask_local=2)
+            analyze_paths([dep12], executor="dask", dask_local=2)
 
 
 @pytest.mark.parametrize("stage, rank", [("prepare", 3), ("finish", 11)])
-def test_a_pool_worker_killed_is_retried_once_then_named(dep32, serial, tmp_path, monkeypatch, stage, rank):
+def test_a_pool_worker_killed_is_retried_once_then_named(dep12, serial12, tmp_path, monkeypatch, stage, rank):
     """The finish and impact stages are in flight together (``pipeline.run_stages``): a worker that
     dies in a finish task breaks the pool under the queued impact tasks too, which run again on
     the fresh pool without that counting as a death of theirs."""
     monkeypatch.setenv(KILL_ENV, f"{stage}:{rank}:{tmp_path / 'once'}")
-    _assert_same(serial, analyze_paths([dep32], executor="pool", workers=2), f"pool after a worker died in {stage}")
+    _assert_same(serial12, analyze_paths([dep12], executor="pool", workers=2), f"pool after a worker died in {stage}")
     assert (tmp_path / "once").exists()
     monkeypatch.setenv(KILL_ENV, f"{stage}:{rank}")
     with pytest.raises(ScaleError, match=rf"rank {rank}\b.*stage '{stage}'.*died twice"):
-        analyze_paths([dep32], executor="pool", workers=2)
+        analyze_paths([dep12], executor="pool", workers=2)
 
 
-def test_a_script_without_a_main_guard_is_told_why_every_worker_died(dep32, tmp_path):
+def test_a_script_without_a_main_guard_is_told_why_every_worker_died(dep12, tmp_path):
     """Spawned workers import the main script: one that calls profkit at its top level kills each of
     them at start-up, and the error says so, not only "killed, or out of memory". Forked workers
     (the default on Linux) do not import it: the same script runs."""
     script = tmp_path / "no_guard.py"
     script.write_text("from profkit.scale import analyze_paths\n"
-                      f"a = analyze_paths([{str(dep32)!r}], executor='pool', workers=2)\n"
+                      f"a = analyze_paths([{str(dep12)!r}], executor='pool', workers=2)\n"
                       "print('ranks', a.steps['rank'].nunique())\n")
     env = {k: v for k, v in os.environ.items() if k != START_ENV}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
@@ -180,7 +197,7 @@ def test_a_script_without_a_main_guard_is_told_why_every_worker_died(dep32, tmp_
     assert "died twice" in errors[-1] and 'if __name__ == "__main__":' in errors[-1], errors[-1]
     if sys.platform.startswith("linux"):
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
-        assert done.returncode == 0 and "ranks 32" in done.stdout, done.stderr[-2000:]
+        assert done.returncode == 0 and "ranks 12" in done.stdout, done.stderr[-2000:]
 
 
 def test_a_batch_submitted_to_a_pool_another_batch_broke_runs_on_a_fresh_one():
@@ -230,17 +247,19 @@ def test_pool_start_method_forks_only_without_other_threads(monkeypatch):
         start_method()
 
 
-def test_spawned_and_forked_pools_give_the_same_tables(dep32, serial, monkeypatch):
+def test_spawned_and_forked_pools_give_the_same_tables(dep12, serial12, monkeypatch):
     monkeypatch.setenv(START_ENV, "spawn")
-    _assert_same(serial, analyze_paths([dep32], executor="pool", workers=2), "spawned pool")
+    _assert_same(serial12, analyze_paths([dep12], executor="pool", workers=2), "spawned pool")
 
 
-def test_cli_executors_write_identical_files(dep32, tmp_path):
+def test_cli_executors_write_identical_files(dep12, tmp_path):
+    """The CLI's executor flags on a small capture (the tables themselves are compared on DEP32,
+    in-process, by ``test_serial_pool_dask_and_in_memory_give_identical_tables``)."""
     outs = {}
     for name, flags in {"serial": ["--executor", "serial"], "pool": ["--workers", "2"],
                         "dask": ["--dask-local", "2"]}.items():
         out = tmp_path / name
-        subprocess.run([sys.executable, "-m", "profkit.cli.main", "analyze", str(dep32), "-o", str(out), "-q",
+        subprocess.run([sys.executable, "-m", "profkit.cli.main", "analyze", str(dep12), "-o", str(out), "-q",
                         *flags], check=True)
         outs[name] = out
     for csv in ("steps.csv", "causes.csv", "stragglers.csv", "lateness.csv", "dp_imbalance.csv", "impact.csv",
@@ -249,15 +268,15 @@ def test_cli_executors_write_identical_files(dep32, tmp_path):
         assert ref and all((outs[n] / csv).read_bytes() == ref for n in ("pool", "dask")), csv
 
 
-def test_bad_file_is_skipped_and_named_on_every_executor(dep32, tmp_path):
+def test_bad_file_is_skipped_and_named_on_every_executor(dep12, tmp_path):
     import shutil
 
     folder = tmp_path / "cap"
-    shutil.copytree(dep32, folder)
+    shutil.copytree(dep12, folder)
     (folder / "rank3.pt.trace.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
     a = analyze_paths([folder], executor="pool", workers=2)
     assert any("rank3.pt.trace.json.gz" in s for s in a.capture.skipped)
-    assert 3 not in set(a.steps["rank"]) and len(set(a.steps["rank"])) == 31
+    assert 3 not in set(a.steps["rank"]) and len(set(a.steps["rank"])) == 11
 
 
 def test_store_round_trip_keeps_dtypes_and_missing_values():

@@ -55,6 +55,20 @@ def analyzed(tmp: Path, name: str, ranks: int, steps: int, seed: int, *extra: st
     return out, truth.to_json()
 
 
+class Lazy(dict):
+    """Runs made on first use, by key: xdist may hand a fixture's tests (one per seed) to two
+    workers, each of which builds the module fixture; each then makes only the runs its tests
+    read, not every seed's."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        self[key] = self.make(key)
+        return self[key]
+
+
 # ---- 1. EP balancedness against uniform routing ------------------------------------------------------------
 def test_uniform_baseline_is_the_studys():
     """The study: DEP32, 72 requests per GPU x 6 tokens (1 + 5 draft), uniform routing ~0.96 (target,
@@ -174,11 +188,8 @@ def test_lag_of_zero_is_the_mirror_and_lag_shifts_each_rank():
 @pytest.fixture(scope="module")
 def lag_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lag")
-    runs = {}
-    for seed in (1, 2):
-        for mode in ("mirror", "lag"):
-            runs[seed, mode] = analyzed(tmp, f"{mode}{seed}", 4, 36, seed, replay=mode, workload="prefill", layers=4)
-    return runs
+    return Lazy(lambda key: analyzed(tmp, f"{key[1]}{key[0]}", 4, 36, key[0], replay=key[1], workload="prefill",
+                                     layers=4))
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -205,8 +216,8 @@ def test_compare_prices_the_lag_within_10_percent(lag_runs, seed, tmp_path):
 @pytest.fixture(scope="module")
 def bench_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
-    return {seed: (analyzed(tmp, f"serving{seed}", 8, 16, seed, layers=4),
-                   analyzed(tmp, f"gpu{seed}", 8, 16, seed, layers=4, bench_forward=True)) for seed in (1, 2)}
+    return Lazy(lambda seed: (analyzed(tmp, f"serving{seed}", 8, 16, seed, layers=4),
+                              analyzed(tmp, f"gpu{seed}", 8, 16, seed, layers=4, bench_forward=True)))
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -256,8 +267,8 @@ SCALING = {16: 8.0, 32: 5.73}
 @pytest.fixture(scope="module")
 def scaling_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scaling")
-    return {(seed, n): analyzed(tmp, f"dep{n}s{seed}", n, 12, seed, layers=2, gpu_scale=scale, host_jitter_ms=2.0)
-            for seed in (1, 2) for n, scale in SCALING.items()}
+    return Lazy(lambda key: analyzed(tmp, f"dep{key[1]}s{key[0]}", key[1], 12, key[0], layers=2,
+                                     gpu_scale=SCALING[key[1]], host_jitter_ms=2.0))
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -251,7 +251,7 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.nd
     sp_start, sp_end = starts[span_rows], ends[span_rows]
     sp_group = texts_at(events, "coll_group", span_rows)
     seq, seq_missing = column_ints(events, "coll_seq")
-    sp_seq = pd.arrays.IntegerArray(np.where(seq_missing[span_rows], 1, seq[span_rows]), seq_missing[span_rows]).to_numpy()
+    sp_seq = np.where(seq_missing[span_rows], None, seq[span_rows].astype(object))  # Python ints, None where missing
     sp_coll = texts_at(events, "coll_name", span_rows)
     sp_labels = events.index[span_rows].to_numpy()
     rows_all = np.flatnonzero(has)
@@ -261,10 +261,13 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.nd
     seq = kernels["seq"].to_numpy(dtype=object).copy()
     coll = kernels["coll_name"].to_numpy(dtype=object).copy()
     # what each kernel lacks, tested once (not per thread and level): a filled field takes the
-    # span's value, whose own tests are made once per span
-    g_none = _is_none(group)
-    q_none = _is_none(seq) | _is(seq, pd.NA)
-    c_weak = _is_none(coll) | _equals(coll, "nccl") | _equals(coll, "comm")
+    # span's value, whose own tests are made once per span. Missing is any missing value: pandas 3
+    # gives numpy an Int64 column's missing values as NaN, and a string column's too once any row
+    # has a string, which an identity test for None / NA took for a value (the kernel kept none,
+    # and a span without one hid its enclosing span's)
+    g_none = pd.isna(group)
+    q_none = pd.isna(seq)
+    c_weak = pd.isna(coll) | _equals(coll, "nccl") | _equals(coll, "comm")
     hs = np.full(n, -1, dtype=np.int64)
     he = np.full(n, -1, dtype=np.int64)
     for thread in np.unique(ln_key):
@@ -287,11 +290,11 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.nd
         inner = cand[ok]
         hs[rows] = starts_t[inner]
         he[rows] = ends_t[inner]
-        s_group, s_seq, s_coll = sp_group[on], sp_seq[on].astype(object), sp_coll[on]
+        s_group, s_seq, s_coll = sp_group[on], sp_seq[on], sp_coll[on]
         labels = sp_labels[on]
         # the span's fields tested once per span, not per kernel and level
-        g_has, c_has = ~_is_none(s_group), ~_is_none(s_coll)
-        q_has = ~(_is_none(s_seq) | _is(s_seq, pd.NA))
+        g_has, c_has = ~pd.isna(s_group), ~pd.isna(s_coll)
+        q_has = ~pd.isna(s_seq)
         c_weak_s = _equals(s_coll, "nccl") | _equals(s_coll, "comm")
         cur = inner.copy()
         for _ in range(8):  # the chain of enclosing spans fills what the kernel lacks
@@ -351,21 +354,6 @@ def _int64_array(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
         ints[~miss] = rest.astype(np.int64)
         return pd.arrays.IntegerArray(ints, miss)
     return pd.array([None if v is pd.NA else v for v in values], dtype="Int64")
-
-
-def _is(values: np.ndarray, obj) -> np.ndarray:
-    """``v is obj`` for each object of ``values``, for a missing-value marker ``obj`` (None, pd.NA):
-    only values ``pd.isna`` calls missing can be one (tested one by one), the rest are not."""
-    values = np.asarray(values, dtype=object)
-    out = np.zeros(len(values), dtype=bool)
-    miss = np.flatnonzero(pd.isna(values))
-    if miss.size:
-        out[miss] = [v is obj for v in values[miss].tolist()]
-    return out
-
-
-def _is_none(values: np.ndarray) -> np.ndarray:
-    return _is(values, None)
 
 
 def _equals(values: np.ndarray, text: str) -> np.ndarray:
