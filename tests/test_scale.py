@@ -48,14 +48,19 @@ def _assert_same(a, b, what: str) -> None:
     assert a.step_marker == b.step_marker
 
 
+def _simulated(tmp_path_factory, ranks: int, steps: int, layers: int, *injects: str) -> Path:
+    """``profkit simulate`` (seed 9, 2 workers) of ``ranks`` x ``steps`` with the causes ``injects``."""
+    out = tmp_path_factory.mktemp(f"dep{ranks}") / "sim"
+    flags = [f for i in injects for f in ("--inject", i)]
+    subprocess.run([sys.executable, "-m", "profkit.cli.main", "simulate", "--ranks", str(ranks), "--steps", str(steps),
+                    "--seed", "9", "--layers", str(layers), *flags, "-o", str(out), "-q", "--workers", "2"], check=True)
+    return out
+
+
 @pytest.fixture(scope="module")
 def dep32(tmp_path_factory) -> Path:
     """A simulated DEP32 capture with two injected causes (4 hosts, skewed clocks)."""
-    out = tmp_path_factory.mktemp("dep32") / "sim"
-    subprocess.run([sys.executable, "-m", "profkit.cli.main", "simulate", "--ranks", "32", "--steps", "24", "--seed", "9",
-                    "--layers", "4", "--inject", "gc:rank=5,every=6,ms=20", "--inject", "slow_schedule:rank=17,ms=4",
-                    "-o", str(out), "-q", "--workers", "2"], check=True)
-    return out
+    return _simulated(tmp_path_factory, 32, 24, 4, "gc:rank=5,every=6,ms=20", "slow_schedule:rank=17,ms=4")
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +73,7 @@ def dep12(tmp_path_factory) -> Path:
     """A smaller capture for what does not depend on size (retries, error messages, the CLI's
     flags): 12 ranks (rank 11 is the last finish task, with the impact tasks queued behind it),
     8 steps, the same two causes; a run costs a fraction of DEP32's."""
-    out = tmp_path_factory.mktemp("dep12") / "sim"
-    subprocess.run([sys.executable, "-m", "profkit.cli.main", "simulate", "--ranks", "12", "--steps", "8", "--seed", "9",
-                    "--layers", "2", "--inject", "gc:rank=5,every=3,ms=20", "--inject", "slow_schedule:rank=7,ms=4",
-                    "-o", str(out), "-q", "--workers", "2"], check=True)
-    return out
+    return _simulated(tmp_path_factory, 12, 8, 2, "gc:rank=5,every=3,ms=20", "slow_schedule:rank=7,ms=4")
 
 
 @pytest.fixture(scope="module")
