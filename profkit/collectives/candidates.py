@@ -45,9 +45,9 @@ from profkit.collectives.syncpoints import (
     sharing,
     texts_at,
 )
+from profkit.distinct import regex_flags
 from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
 from profkit.intervals import nesting_parents
-from profkit.distinct import regex_flags
 from profkit.names import COMM_KERNEL_RE
 
 _HOST_KINDS = (schema.CPU_OP, schema.CPU_SPAN)
@@ -158,7 +158,6 @@ def _with_sync_columns(rows: pd.DataFrame, evidence: str) -> pd.DataFrame:
 _HOST_COLUMNS = HOST_COLUMNS
 _KERNEL_COLUMNS = ("rank", "name", "start_ns", "end_ns", "device", "stream", "pid", "correlation", "coll_name",
                    "coll_group", "coll_seq")
-_RUNTIME_COLUMNS = ("rank", "pid", "tid", "correlation", "start_ns", "end_ns")
 
 
 def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> pd.DataFrame:
