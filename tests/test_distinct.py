@@ -72,7 +72,7 @@ def test_regex_flags_are_pandas_string_answers(items, regex, how, missing):
     filled = s.astype("string").fillna("") if missing == "" else s.astype("string")
     want = (filled.str.match(regex) if how == "match" else filled.str.contains(regex)).fillna(False)
     np.testing.assert_array_equal(got, want.to_numpy(dtype=bool))
-    # the memo answers the second time exactly as the first (strings of another column too)
+    # the memo answers the second time exactly as the first
     np.testing.assert_array_equal(distinct.regex_flags(uniques, codes, regex, how, missing=missing), got)
     np.testing.assert_array_equal(distinct.contains(s, regex), s.astype("string").str.contains(regex, na=False)
                                   .to_numpy(dtype=bool))
