@@ -342,16 +342,16 @@ def test_kernel_launch_is_its_runtime_calls_own_start(shared_traces):
                 max_size=25))
 @settings(max_examples=200, deadline=None)
 def test_first_match_is_drop_duplicates_then_a_left_merge(table, keys):
-    """``_first_match`` against pandas: the first table row of each key (a missing id matches a
+    """``keys.first_match`` against pandas: the first table row of each key (a missing id matches a
     missing one, as ``merge`` matches nulls), -1 where none."""
-    from profkit.collectives.candidates import _first_match
+    from profkit.keys import first_match
 
     none = np.iinfo(np.int64).min
 
     def arrays(rows):
         cols = list(zip(*rows)) if rows else [(), (), ()]
         return tuple(np.array([none if v is None else v for v in c], dtype=np.int64) for c in cols)
-    got = _first_match(arrays(table), arrays(keys))
+    got = first_match(arrays(table), arrays(keys))
     t = pd.DataFrame(table, columns=["r", "p", "c"]).astype({"p": "Int64"}).reset_index()
     t = t.drop_duplicates(["r", "p", "c"])
     k = pd.DataFrame(keys, columns=["r", "p", "c"]).astype({"p": "Int64"})

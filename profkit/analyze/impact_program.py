@@ -65,6 +65,7 @@ import pandas as pd
 
 from profkit import distinct, schema
 from profkit import intervals as iv
+from profkit.keys import first_match
 from profkit.analyze import straggler_phases as ph_mod
 from profkit.names import is_comm_kernel
 from profkit.layers import split_at
@@ -153,28 +154,16 @@ def launch_times(rt_pid: np.ndarray, rt_corr: np.ndarray, rt_start: np.ndarray, 
     """Per GPU op (its pid and correlation, -1 where missing; ``has``: it has a correlation) the
     start of the first runtime call of the same (pid, correlation), ``NO_LAUNCH`` where none: a
     kernel's pid may be its device's, so an op with a correlation and no match takes the one call
-    of that correlation where only one (pid, correlation) holds it. Sorted arrays and binary
-    searches: a merge of two frames cost a rank of 390k events ~40 ms of pandas' own work."""
+    of that correlation where only one (pid, correlation) holds it. Sorted arrays (``keys.first_match``):
+    a merge of two frames cost a rank of 390k events ~40 ms of pandas' own work."""
     order = np.lexsort((rt_start, rt_corr, rt_pid))  # per (pid, correlation), the first call first
     kp, kc, ks = rt_pid[order], rt_corr[order], rt_start[order]
-    first = np.r_[True, (kp[1:] != kp[:-1]) | (kc[1:] != kc[:-1])]
-    kp, kc, ks = kp[first], kc[first], ks[first]  # one row per (pid, correlation), sorted by both
     out = np.full(pid.size, NO_LAUNCH, np.int64)
-    # (pid, correlation) as one sortable int64: the pid's rank among the pids, then the correlation
-    pids = np.unique(np.r_[kp, pid])
-    lo = int(min(kc.min(), corr.min()))
-    span = int(max(kc.max(), corr.max())) - lo + 1
-    if pids.size * span >= 1 << 62:  # no room in an int64: one (pid, correlation) pair at a time
-        found = dict(zip(zip(kp.tolist(), kc.tolist()), ks.tolist()))
-        got = [found.get(k) for k in zip(pid.tolist(), corr.tolist())]
-        hit = np.array([x is not None for x in got], dtype=bool)
-        out[hit] = [x for x in got if x is not None]
-    else:
-        key = np.searchsorted(pids, kp) * np.int64(span) + (kc - lo)
-        want = np.searchsorted(pids, pid) * np.int64(span) + (corr - lo)
-        at = np.minimum(np.searchsorted(key, want), key.size - 1)
-        hit = key[at] == want
-        out[hit] = ks[at[hit]]
+    at = first_match((kp, kc), (pid, corr))
+    hit = at >= 0
+    out[hit] = ks[at[hit]]
+    first = np.r_[True, (kp[1:] != kp[:-1]) | (kc[1:] != kc[:-1])]
+    kc, ks = kc[first], ks[first]  # one row per (pid, correlation), sorted by both
     miss = ~hit & has
     if miss.any():
         by_c = np.argsort(kc, kind="stable")

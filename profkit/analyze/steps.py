@@ -111,8 +111,8 @@ def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None,
             continue
         hit = distinct.contains(names, marker.pattern)
         if hit.any():
-            spans = _span_rows(events, host[hit])
-            return _number_steps(_drop_nested(spans), marker.key, None if chosen is None else chosen[1])
+            spans = _span_rows(events, _outermost(events, host[hit]))
+            return _number_steps(spans, marker.key, None if chosen is None else chosen[1])
         if chosen is not None:
             break
     return pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns", "name", "marker"])
@@ -140,8 +140,8 @@ def _span_rows(events: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
 
 
 def _outermost(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """``rows`` (positions) less the spans inside an earlier span of their rank, ordered as
-    ``_drop_nested`` orders them (rank, start, longest first; stable)."""
+    """``rows`` (positions) less the spans inside an earlier span of their rank (nested step
+    matches: each iteration counts once), in the order of (rank, start, longest first; stable)."""
     rank, start, end = (events[c].iloc[rows].to_numpy(np.int64) for c in ("rank", "start_ns", "end_ns"))
     order = np.lexsort((-end, start, rank))
     rank, end = rank[order], end[order]
@@ -171,19 +171,6 @@ def choose_step_marker(facts: list[dict[str, bool]], step_pattern: str | None = 
         if seen:
             return marker.key, all(seen)
     return None
-
-
-def _drop_nested(spans: pd.DataFrame) -> pd.DataFrame:
-    spans = spans.sort_values(["rank", "start_ns", "end_ns"], ascending=[True, True, False])
-    keep = np.ones(len(spans), dtype=bool)
-    for _, idx in spans.groupby("rank", sort=False).indices.items():
-        ends = spans["end_ns"].to_numpy()[idx]
-        running = np.maximum.accumulate(ends)
-        # inside an earlier span of this rank: its end does not pass the running end before it
-        inner = np.zeros(len(idx), dtype=bool)
-        inner[1:] = ends[1:] <= running[:-1]
-        keep[idx] = ~inner
-    return spans[keep]
 
 
 def _number_steps(spans: pd.DataFrame, marker_key: str, numbered: bool | None = None) -> pd.DataFrame:

@@ -48,6 +48,7 @@ from profkit.collectives.syncpoints import (
 from profkit.distinct import regex_flags
 from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
 from profkit.intervals import nesting_parents
+from profkit.keys import first_match
 from profkit.names import COMM_KERNEL_RE
 
 _HOST_KINDS = (schema.CPU_OP, schema.CPU_SPAN)
@@ -229,17 +230,16 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.nd
     k_pid = kernels["pid"]
     k_pid = np.where(k_pid.isna().to_numpy(bool), none, k_pid.to_numpy(dtype=np.int64, na_value=0))
     k_corr = np.where(k_corr.isna().to_numpy(bool), none, k_corr.to_numpy(dtype=np.int64, na_value=0))
-    match = _first_match((column_ints(events, "rank")[0][rt], np.where(pid_missing[rt], none, pid[rt]), corr[rt]),
+    match = first_match((column_ints(events, "rank")[0][rt], np.where(pid_missing[rt], none, pid[rt]), corr[rt]),
                          (kernels["rank"].to_numpy(np.int64), k_pid, k_corr))
     has = match >= 0
-    at = rt[np.maximum(match, 0)] if rt.size else np.zeros(n, np.int64)
+    at = rt[np.maximum(match, 0)] if rt.size else np.zeros(n, np.int64)  # row 0 where none: masked by ``has``
     starts, ends = column_ints(events, "start_ns")[0], column_ints(events, "end_ns")[0]
     tid, tid_missing = column_ints(events, "tid")
-    rt_start = np.where(has, starts[at], 0) if rt.size else np.zeros(n, np.int64)
-    rt_end = np.where(has, ends[at], 0) if rt.size else np.zeros(n, np.int64)
-    rt_tid = np.where(has, tid[at], -1) if rt.size else np.full(n, -1, np.int64)
+    rt_start, rt_end = np.where(has, starts[at], 0), np.where(has, ends[at], 0)
+    rt_tid = np.where(has, tid[at], -1)
     kernels["launch_ns"] = pd.arrays.IntegerArray(np.where(has, rt_start, 1), ~has)
-    no_tid = ~has | (tid_missing[at] if rt.size else True)
+    no_tid = ~has | tid_missing[at]
     kernels["tid"] = pd.arrays.IntegerArray(np.where(no_tid, 1, rt_tid), no_tid).to_numpy()
     linked: set = set()
     if not has.any() or not span_rows.size:
@@ -318,29 +318,6 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.nd
     kernels["host_start_ns"] = pd.arrays.IntegerArray(np.maximum(hs, 0), hs < 0)
     kernels["host_end_ns"] = pd.arrays.IntegerArray(np.maximum(he, 0), he < 0)
     return kernels.drop(columns="correlation"), linked
-
-
-def _first_match(table: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...]) -> np.ndarray:
-    """Per row of ``keys`` (tuples of int64 columns), the first row of ``table`` with equal
-    columns, -1 if none: ``drop_duplicates`` then a left ``merge``, sorted instead of hashed."""
-    m, n = table[0].size, keys[0].size
-    if not m or not n:
-        return np.full(n, -1, np.int64)
-    cols = [np.concatenate([t, k]) for t, k in zip(table, keys)]
-    is_key = np.r_[np.zeros(m, bool), np.ones(n, bool)]
-    order = np.lexsort((np.arange(m + n), is_key, *reversed(cols)))  # a key's table rows first, in order
-    new = np.zeros(m + n, bool)
-    new[0] = True
-    for c in cols:
-        sc = c[order]
-        new[1:] |= sc[1:] != sc[:-1]
-    group = np.cumsum(new) - 1
-    head = order[new]
-    found = np.where(head < m, head, -1)[group]
-    out = np.full(n, -1, np.int64)
-    k = order >= m
-    out[order[k] - m] = found[k]
-    return out
 
 
 def _int64_array(values: np.ndarray) -> pd.api.extensions.ExtensionArray:

@@ -177,7 +177,7 @@ class _ThreadContext:
         kind_all = np.where(kind_codes < 0, len(kind_u) - 1, kind_codes)
         keep = np.isin(kind_u, list(_HOST_EVENT_KINDS + (schema.OSRT,)))[kind_all] & events["tid"].notna().to_numpy(bool)
         # the kept rows of the numeric columns, as numpy (no frame taken)
-        ev = {c: events[c].to_numpy(np.int64, na_value=-1)[keep] for c in ("rank", "pid", "tid")}
+        ev = {c: column_ints(events, c)[0][keep] for c in ("rank", "pid", "tid")}  # shared with the members
         self.key = _thread_key(ev)
         ev["start_ns"], ev["end_ns"] = (events[c].to_numpy(np.int64)[keep] for c in ("start_ns", "end_ns"))
         kind_codes = kind_all[keep]

@@ -1,0 +1,34 @@
+"""Rows of one table matched to rows of another by equal integer keys, sorted instead of hashed.
+
+Why: a kernel's launch is the runtime call of its (rank, pid, correlation); pandas' ``merge`` of
+two frames cost a rank milliseconds of its own work and carried a column with missing rows
+through float64 (epoch-sized nanoseconds came back rounded). Used by the collective candidates
+and the replay's GPU ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def first_match(table: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Per row of ``keys`` (tuples of int64 columns), the first row of ``table`` with equal
+    columns, -1 if none: ``drop_duplicates`` then a left ``merge`` (missing ids are the caller's
+    sentinel, so a missing one matches a missing one)."""
+    m, n = table[0].size, keys[0].size
+    if not m or not n:
+        return np.full(n, -1, np.int64)
+    cols = [np.concatenate([t, k]) for t, k in zip(table, keys)]
+    is_key = np.r_[np.zeros(m, bool), np.ones(n, bool)]
+    order = np.lexsort((np.arange(m + n), is_key, *reversed(cols)))  # a key's table rows first, in order
+    new = np.zeros(m + n, bool)
+    new[0] = True
+    for c in cols:
+        sc = c[order]
+        new[1:] |= sc[1:] != sc[:-1]
+    group = np.cumsum(new) - 1
+    head = order[new]
+    found = np.where(head < m, head, -1)[group]
+    out = np.full(n, -1, np.int64)
+    k = order >= m
+    out[order[k] - m] = found[k]
+    return out
