@@ -24,26 +24,52 @@ from profkit import schema
 _KINDS_KEY = schema.FRAME_KINDS_KEY
 
 
-def _column_kinds(frame: pd.DataFrame) -> dict[str, str]:
-    """How each column must come back: arrow (pd.ArrowDtype), object (None for missing), native."""
-    kinds = {}
-    for name, dtype in frame.dtypes.items():
-        if isinstance(dtype, pd.ArrowDtype):
-            kinds[str(name)] = "arrow"
-        elif dtype == object:
-            kinds[str(name)] = "object"
-        else:
-            kinds[str(name)] = "native"
-    return kinds
+def _column_kind(dtype) -> str:
+    """How a column is stored and comes back: ``arrow`` (``pd.ArrowDtype``), ``object`` (None for
+    missing), ``numpy:<dtype>`` (a plain numeric or bool column), ``ext:<name>`` (a pandas
+    extension type that reads itself from Arrow and is named by that name alone: ``Int64``, ``str``),
+    else ``native`` (through pandas' own metadata: categoricals, dates, anything rarer)."""
+    if isinstance(dtype, pd.ArrowDtype):
+        return "arrow"
+    if dtype == object:
+        return "object"
+    if isinstance(dtype, np.dtype):
+        return f"numpy:{dtype.str}" if dtype.kind in "iufb" else "native"
+    if isinstance(dtype, pd.CategoricalDtype) or not hasattr(dtype, "__from_arrow__"):
+        return "native"
+    try:
+        same = pd.api.types.pandas_dtype(str(dtype)) == dtype  # e.g. python-backed strings are not "string"
+    except TypeError:
+        same = False
+    return f"ext:{dtype}" if same else "native"
 
 
 def frame_to_table(frame: pd.DataFrame) -> pa.Table:
-    """A DataFrame as an Arrow table that ``table_to_frame`` turns back into the same frame."""
-    kinds = _column_kinds(frame)
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
+    """A DataFrame as an Arrow table that ``table_to_frame`` turns back into the same frame.
+
+    Columns are converted one by one from their arrays: pandas' own conversion (``Table.from_pandas``,
+    and ``to_pandas`` reading its metadata back) costs ~1-3 ms a table whatever its size, paid on
+    every store round trip of every rank; it is kept only for the rare ``native`` columns."""
+    names = [str(c) for c in frame.columns]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a stored table's column names must differ: {names}")
+    kinds = {name: _column_kind(dtype) for name, dtype in zip(names, frame.dtypes)}
+    legacy = [c for c, name in zip(frame.columns, names) if kinds[name] == "native"]
+    pandas_made = pa.Table.from_pandas(frame[legacy], preserve_index=False) if legacy else None
+    columns = dict(zip(pandas_made.column_names, pandas_made.columns)) if pandas_made is not None else {}
+    for c, name in zip(frame.columns, names):
+        kind = kinds[name]
+        if kind == "arrow":
+            columns[name] = frame[c].array.__arrow_array__()
+        elif kind == "object":
+            columns[name] = pa.array(frame[c].to_numpy(), from_pandas=True)
+        elif kind.startswith("numpy:"):
+            columns[name] = pa.array(frame[c].to_numpy())
+        elif kind.startswith("ext:"):
+            columns[name] = pa.array(frame[c].array)
+    meta = dict(pandas_made.schema.metadata or {}) if pandas_made is not None else {}  # the native columns' dtypes
     meta[_KINDS_KEY] = json.dumps(kinds).encode()
-    return table.replace_schema_metadata(meta)
+    return pa.Table.from_arrays([columns[name] for name in names], names=names, metadata=meta)
 
 
 def arrow_frame_table(table: pa.Table) -> pa.Table:
@@ -54,24 +80,27 @@ def arrow_frame_table(table: pa.Table) -> pa.Table:
 
 
 def table_to_frame(table: pa.Table) -> pd.DataFrame:
-    """The frame ``frame_to_table`` stored: same columns, dtypes and values (a fresh 0..n-1 index)."""
+    """The frame ``frame_to_table`` stored: same columns, dtypes and values (a fresh 0..n-1 index).
+    A table without profkit's kinds (or its ``native`` columns) goes through pandas' conversion."""
     raw = (table.schema.metadata or {}).get(_KINDS_KEY)
     kinds: dict[str, str] = json.loads(raw) if raw else {}
     names = table.column_names
-    arrow = [c for c in names if kinds.get(c) == "arrow"]
-    obj = [c for c in names if kinds.get(c) == "object"]
-    native = [c for c in names if c not in arrow and c not in obj]
-    parts = {}
-    if arrow:
-        parts.update(table.select(arrow).to_pandas(types_mapper=pd.ArrowDtype).items())
-    if native:
-        parts.update(table.select(native).to_pandas().items())
-    for c in obj:
-        col = table.column(c)
-        values = col.to_numpy(zero_copy_only=False) if col.num_chunks else np.empty(0, dtype=object)
-        parts[c] = pd.Series(np.asarray(values, dtype=object), dtype=object)
-    frame = pd.DataFrame({c: parts[c] for c in names}) if names else pd.DataFrame(index=range(table.num_rows))
-    return frame
+    if not names:
+        return pd.DataFrame(index=range(table.num_rows))
+    native = [c for c in names if kinds.get(c, "native") == "native"]
+    parts: dict = dict(table.select(native).to_pandas().items()) if native else {}
+    for name, col in zip(names, table.columns):
+        kind = kinds.get(name, "native")
+        if kind == "arrow":
+            parts[name] = pd.arrays.ArrowExtensionArray(col)
+        elif kind == "object":
+            values = col.to_numpy(zero_copy_only=False) if col.num_chunks else np.empty(0, dtype=object)
+            parts[name] = pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)  # not inferred as str
+        elif kind.startswith("numpy:"):  # a copy: the frame's arrays are writable, as pandas' conversion makes them
+            parts[name] = np.array(col.to_numpy(zero_copy_only=False) if col.num_chunks else [], dtype=np.dtype(kind[6:]))
+        elif kind.startswith("ext:"):
+            parts[name] = pd.api.types.pandas_dtype(kind[4:]).__from_arrow__(col)
+    return pd.DataFrame({c: parts[c] for c in names}, index=pd.RangeIndex(table.num_rows), copy=False)
 
 
 class MemoryStore:
