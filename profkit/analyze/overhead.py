@@ -103,18 +103,23 @@ def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """The (rank, step, start_ns, end_ns, step_ns[, name]) windows analyzed: the step table, or
     when it is empty one window per rank from its first to its last GPU event."""
     if steps is not None and len(steps):
-        cols = ["rank", "step", "start_ns", "end_ns"] + [c for c in ("name", "marker_end_ns") if c in steps]
-        out = steps[cols].copy()
-        out[["rank", "step", "start_ns", "end_ns"]] = out[["rank", "step", "start_ns", "end_ns"]].astype("int64")
+        # built from the columns' arrays: a column selection, copy and astype of a hundred-row
+        # table cost ~4 ms, three times per rank (the causes, the timeline pieces)
+        index = pd.RangeIndex(len(steps))
+        cols: dict = {c: steps[c].to_numpy(np.int64) for c in ("rank", "step", "start_ns", "end_ns")}
+        for c in ("name", "marker_end_ns"):
+            if c in steps:
+                cols[c] = steps[c].set_axis(index)  # its dtype kept (an object name column stays object)
+        cols["step_ns"] = cols["end_ns"] - cols["start_ns"]
+        return pd.DataFrame(cols, index=index)
+    g = gpu.gpu_events(events)
+    if len(g):
+        agg = g.groupby("rank", observed=True).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+        out = agg.reset_index().astype({"rank": "int64", "start_ns": "int64", "end_ns": "int64"})
     else:
-        g = gpu.gpu_events(events)
-        if len(g):
-            agg = g.groupby("rank", observed=True).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
-            out = agg.reset_index().astype({"rank": "int64", "start_ns": "int64", "end_ns": "int64"})
-        else:
-            out = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", "start_ns", "end_ns")})
-        out.insert(1, "step", NO_STEP)
-        out["step"] = out["step"].astype("int64")
+        out = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", "start_ns", "end_ns")})
+    out.insert(1, "step", NO_STEP)
+    out["step"] = out["step"].astype("int64")
     out["step_ns"] = out["end_ns"] - out["start_ns"]
     return out.reset_index(drop=True)
 
