@@ -32,3 +32,19 @@ def first_match(table: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...]) -> 
     k = order >= m
     out[order[k] - m] = found[k]
     return out
+
+
+def sorted_groups(cols: tuple[np.ndarray, ...], within: tuple[np.ndarray, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by equal integer columns, as ``groupby(sort=True)`` orders them: the row order
+    (by the columns, then by ``within``, ties in row order) and where each group starts in it.
+    Sorted, not hashed: a pandas groupby of a few thousand rows on several keys costs
+    milliseconds of fixed work."""
+    n = cols[0].size
+    order = np.lexsort(tuple(reversed(cols + within))) if n else np.empty(0, np.int64)
+    new = np.zeros(n, bool)
+    if n:
+        new[0] = True
+    for c in cols:
+        sc = c[order]
+        new[1:] |= sc[1:] != sc[:-1]
+    return order, np.flatnonzero(new)
