@@ -159,3 +159,10 @@ def strings_at(uniques: np.ndarray, codes: np.ndarray):
 
     taken = pa.array(list(objects), pa.large_string()).take(pa.array(codes, mask=missing))
     return pd.array(taken, dtype=_INFERRED)
+
+
+def group_keys(uniques: pd.Index, codes: np.ndarray):
+    """A groupby's key column rebuilt from factorized ``uniques`` and codes: the names' own dtype,
+    object names typed as pandas types a column of Python strings (``strings_at``), as groupby's
+    ``reset_index`` gives them."""
+    return strings_at(uniques, codes) if uniques.dtype == object else uniques.take(codes)

@@ -508,3 +508,50 @@ def test_scale_32_ranks_1000_steps():
     assert totals["Scheduler.schedule"] == per_pair * 900_000
     assert totals["execute_model"] == per_pair * (9 * 300_000 + 800_000)
     assert totals["EngineCore.step"] == per_pair * (100_000 + 400_000)
+
+
+def _charged_rows(n: int, seed: int, missing: bool, as_object: bool) -> pd.DataFrame:
+    """Charged-interval rows with few causes, ties of durations and (optionally) missing names."""
+    rng = np.random.default_rng(seed)
+    causes = np.array(["wait: nccl:all_reduce", "gc", "<b>hostile</b> name", "ünïcode", "launch-bound run"], dtype=object)
+    cats = np.array(["wait", "gc", "span", "launch_bound"], dtype=object)
+    cause, cat = causes[rng.integers(0, 5, n)], cats[rng.integers(0, 4, n)]
+    if missing and n > 3:
+        cause[[1, n // 2]], cat[2] = None, None
+    start = rng.integers(0, 10**9, n)
+    dur = rng.integers(0, 4, n) * 1000  # ties: the first row of the longest interval is the example
+    out = pd.DataFrame({"rank": rng.integers(0, 3, n), "step": rng.integers(0, 5, n), "start_ns": start,
+                        "end_ns": start + dur, "dur_ns": dur, "cause": cause, "category": cat})
+    out = out.astype({"cause": object, "category": object}) if as_object else out.astype({"cause": "str", "category": "str"})
+    return out.set_index(np.arange(n) * 3 + 7)  # labels, not positions
+
+
+@pytest.mark.parametrize("n", [1, 2, 50, 2000])
+@pytest.mark.parametrize("missing", [False, True])
+@pytest.mark.parametrize("as_object", [False, True])
+def test_cause_summary_and_cause_step_table_are_pandas_groupby(n, missing, as_object):
+    """Both group factorized names with one lexsort (``profkit.keys.sorted_groups``), not pandas'
+    groupby / drop_duplicates on strings (milliseconds a rank): the same tables, order and dtypes
+    as those (the previous code, written out here as the oracle)."""
+    from profkit.analyze.compare import cause_step_table
+
+    charged = _charged_rows(n, seed=n, missing=missing, as_object=as_object)
+    g = charged.groupby("cause", sort=False)
+    top = charged.loc[g["dur_ns"].idxmax()]
+    per = pd.DataFrame({
+        "cause": top["cause"].to_numpy(dtype=object),
+        "total_ns": g["dur_ns"].sum().reindex(top["cause"]).to_numpy(np.int64),
+        "n_intervals": g.size().reindex(top["cause"]).to_numpy(np.int64),
+        "example_rank": top["rank"].to_numpy(np.int64), "example_step": top["step"].to_numpy(np.int64),
+        "example_start_ns": top["start_ns"].to_numpy(np.int64), "example_dur_ns": top["dur_ns"].to_numpy(np.int64),
+    })
+    got = ov.cause_summary(charged)
+    pd.testing.assert_frame_equal(got["per"], per, check_exact=True)
+    pd.testing.assert_frame_equal(got["categories"],
+                                  charged.groupby(["cause", "category"], sort=False).size().rename("n").reset_index())
+    pd.testing.assert_frame_equal(got["ranks"], charged[["cause", "rank"]].drop_duplicates())
+    assert got["pairs"] == len(charged[["rank", "step"]].drop_duplicates())
+    assert got["n"] == n and got["dur_ns"] == int(charged["dur_ns"].sum())
+    steps = charged.groupby(["rank", "step", "cause"], sort=True)["dur_ns"].sum().reset_index()
+    steps = steps.rename(columns={"dur_ns": "ns"}).astype({"rank": "int64", "step": "int64", "ns": "int64"})
+    pd.testing.assert_frame_equal(cause_step_table(charged), steps, check_exact=True)

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analyze.vocabulary import WAITING_FOR_RANK_RE
+from profkit.distinct import group_keys
 from profkit.keys import sorted_groups
 
 LOWER, HIGHER = "lower", "higher"
@@ -206,7 +207,7 @@ def cause_step_table(charged: pd.DataFrame) -> pd.DataFrame:
     order, starts = sorted_groups((rank, step, cause_c))
     ns = np.add.reduceat(charged["dur_ns"].to_numpy(np.int64)[keep][order], starts) if starts.size else np.empty(0, np.int64)
     first = order[starts]
-    return pd.DataFrame({"rank": rank[first], "step": step[first], "cause": causes.take(cause_c[first]),
+    return pd.DataFrame({"rank": rank[first], "step": step[first], "cause": group_keys(causes, cause_c[first]),
                          "ns": ns.astype(np.int64)})
 
 

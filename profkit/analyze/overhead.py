@@ -48,7 +48,7 @@ import pandas as pd
 from profkit import schema
 from profkit.analyze import gpu
 from profkit.analyze import overhead_rank as per_rank
-from profkit.distinct import strings_at
+from profkit.distinct import group_keys, strings_at
 from profkit.keys import sorted_groups
 from profkit.layers import innermost, make_layer
 from profkit.analyze.vocabulary import (  # noqa: F401 - the categories and GPU states: read as ov.WAIT etc. too
@@ -249,8 +249,8 @@ def cause_summary(charged: pd.DataFrame) -> dict[str, pd.DataFrame | int]:
     cat_c, categories = pd.factorize(charged["category"])
     both = np.flatnonzero((cause_c >= 0) & (cat_c >= 0))
     first, n = _first_of_each((cause_c[both], cat_c[both]))
-    cats = pd.DataFrame({"cause": pd.Index(np.asarray(causes, dtype=object)[cause_c[both][first]]),  # typed as groupby's keys
-                         "category": pd.Index(np.asarray(categories, dtype=object)[cat_c[both][first]]), "n": n})
+    cats = pd.DataFrame({"cause": group_keys(causes, cause_c[both][first]),
+                         "category": group_keys(categories, cat_c[both][first]), "n": n})
     first, _ = _first_of_each((cause_c, rank))  # drop_duplicates: a missing cause is a value (-1)
     at = charged.index[first]
     ranks = pd.DataFrame({c: pd.Series(charged[c].array.take(first), index=at, dtype=charged[c].dtype) for c in ("cause", "rank")})
