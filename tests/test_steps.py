@@ -95,6 +95,20 @@ def test_sglang_batch_facts():
     assert pd.isna(facts["phase"].iloc[2])
 
 
+def test_batch_facts_of_repeated_and_missing_names_row_by_row():
+    """Each distinct name is parsed once and its facts spread to its rows (a decode-only run
+    repeats a few names every step); a missing name, kept missing by a ``str`` column, has none."""
+    names = ["step[DECODE bs=32]", None, "execute_context_0(0)_generation_8(8)", "step[DECODE bs=32]", "other",
+             "execute_context_0(0)_generation_8(8)"]
+    for dtype in (object, "str"):
+        facts = step_batch_facts(pd.Series(names, dtype=dtype, index=[10, 11, 12, 13, 14, 15]))
+        assert list(facts.index) == [10, 11, 12, 13, 14, 15]
+        assert facts["phase"].tolist()[::2] == ["decode", "decode", pd.NA] and facts["phase"].iloc[3] == "decode"
+        assert facts["batch_size"].tolist() == [32, pd.NA, 8, 32, pd.NA, 8]
+        assert facts["num_tokens"].tolist() == [32, pd.NA, 8, 32, pd.NA, 8]
+        assert str(facts["phase"].dtype) == "string" and str(facts["num_tokens"].dtype) == "Int64"
+
+
 def test_timeline_exposed_comm_and_memcpy():
     df = events(
         [

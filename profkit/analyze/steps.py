@@ -207,11 +207,13 @@ def iteration_periods(spans: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_batch_facts(names: pd.Series) -> pd.DataFrame:
-    """Phase (prefill / decode / mixed), batch size and tokens parsed from step names."""
+    """Phase (prefill / decode / mixed), batch size and tokens parsed from step names (each
+    distinct name parsed once: a decode-only run repeats the same few names for every step)."""
+    codes, uniques = pd.factorize(names.astype(str))
     phase: list[str | None] = []
     batch: list[float] = []
     tokens: list[float] = []
-    for name in names.astype(str):
+    for name in uniques:
         m = _VLLM_RE.search(name)
         if m:
             n_ctx, ctx_tok, n_gen, gen_tok = int(m[1]), _tok(m[2]), int(m[3]), _tok(m[4])
@@ -229,11 +231,18 @@ def step_batch_facts(names: pd.Series) -> pd.DataFrame:
         phase.append(None)
         batch.append(np.nan)
         tokens.append(np.nan)
+    phase.append(None)  # a missing name (a ``str`` column keeps it missing through astype): no facts
+    batch.append(np.nan)
+    tokens.append(np.nan)
+    codes = np.where(codes < 0, len(uniques), codes)
     return pd.DataFrame(
         {
-            "phase": pd.Series(phase, index=names.index, dtype="string"),
-            "batch_size": pd.Series(batch, index=names.index).astype("Int64"),
-            "num_tokens": pd.Series(tokens, index=names.index).astype("Int64"),
+            "phase": pd.Series(np.asarray(phase, dtype=object)[codes] if len(codes) else [], index=names.index,
+                               dtype="string"),
+            "batch_size": pd.Series(np.asarray(batch, dtype=np.float64)[codes] if len(codes) else [],
+                                    index=names.index, dtype=np.float64).astype("Int64"),
+            "num_tokens": pd.Series(np.asarray(tokens, dtype=np.float64)[codes] if len(codes) else [],
+                                    index=names.index, dtype=np.float64).astype("Int64"),
         }
     )
 
