@@ -40,7 +40,11 @@ def sorted_groups(cols: tuple[np.ndarray, ...], within: tuple[np.ndarray, ...] =
     Sorted, not hashed: a pandas groupby of a few thousand rows on several keys costs
     milliseconds of fixed work."""
     n = cols[0].size
-    order = np.lexsort(tuple(reversed(cols + within))) if n else np.empty(0, np.int64)
+    packed = _packed(cols + within) if n else None
+    if packed is not None:  # one int64 key: one stable sort, several times faster than a lexsort
+        order = np.argsort(packed, kind="stable")
+    else:
+        order = np.lexsort(tuple(reversed(cols + within))) if n else np.empty(0, np.int64)
     new = np.zeros(n, bool)
     if n:
         new[0] = True
@@ -48,3 +52,18 @@ def sorted_groups(cols: tuple[np.ndarray, ...], within: tuple[np.ndarray, ...] =
         sc = c[order]
         new[1:] |= sc[1:] != sc[:-1]
     return order, np.flatnonzero(new)
+
+
+def _packed(cols: tuple[np.ndarray, ...]) -> np.ndarray | None:
+    """The columns as one int64 that sorts as they do (the first most significant), None when
+    their ranges together do not fit in 62 bits."""
+    key, span = None, 1
+    for c in cols:
+        lo, hi = int(c.min()), int(c.max())
+        width = hi - lo + 1
+        span *= width
+        if span >= 1 << 62:
+            return None
+        part = c.astype(np.int64) - np.int64(lo)
+        key = part if key is None else key * np.int64(width) + part
+    return key

@@ -383,3 +383,48 @@ def test_kernel_without_a_sequence_number_takes_its_launch_spans():
     kernels = got[got["source_kind"] == KERNEL].sort_values("start_ns")
     assert kernels["seq"].tolist() == [7, 8] and kernels["group"].tolist() == ["0", "0"]
     assert kernels["launch_ns"].tolist() == [200, 600] and kernels["host_start_ns"].iloc[0] == 150
+
+
+@given(st.lists(st.tuples(st.integers(-3, 3), st.sampled_from([0, 5, 2**40, -2**40, 2**62]), st.integers(0, 2)),
+                min_size=1, max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_sorted_groups_is_a_stable_sort_by_its_columns(rows):
+    """``keys.sorted_groups`` against Python's stable sort: one packed int64 key where the ranges
+    fit (2**62 in one column does not: the lexsort then), group starts where a key column changes,
+    ``within`` ordering rows inside a group only."""
+    from profkit.keys import sorted_groups
+
+    a, b, c = (np.array(col, dtype=np.int64) for col in zip(*rows))
+    for cols, within in (((a,), ()), ((a, c), ()), ((a,), (b,)), ((c, a), (b, c)), ((b,), ())):
+        order, starts = sorted_groups(cols, within)
+        want = sorted(range(len(rows)), key=lambda i: tuple(int(x[i]) for x in cols + within))
+        assert order.tolist() == want
+        keys = [tuple(int(x[i]) for x in cols) for i in want]
+        assert starts.tolist() == [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 5), st.integers(0, 3)),
+                min_size=1, max_size=40),
+       st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_waited_for_is_pandas_groupby_of_the_last_arrivers(rows, every_instance_has_a_last):
+    """``stragglers._waited_for`` (sorted integer keys) against the pandas groupby it replaced:
+    per rank, or per (rank, step), the last arriver waited for longest, the lowest rank on a tie,
+    float where some instance has no last arriver (as ``map`` makes it)."""
+    from profkit.analyze.stragglers import _last_of, _waited_for
+
+    arr = pd.DataFrame(rows, columns=["rank", "step", "instance", "wait_ns"]).astype("int64")
+    arr = arr.drop_duplicates(["rank", "instance"]).reset_index(drop=True)
+    arr["wait_ns"] = arr["wait_ns"] * 10
+    first = ~arr["instance"].duplicated()  # one last arriver per instance (the first row), some none
+    arr["is_last"] = first & (every_instance_has_a_last | (arr["instance"] % 2 == 0))
+    for by in (["rank"], ["rank", "step"]):
+        w = arr[by + ["instance", "wait_ns"]].assign(last=arr["instance"].map(_last_of(arr)))
+        w = w[(w["wait_ns"] > 0) & (w["last"] != w["rank"])]
+        got = _waited_for(arr, by)
+        if not len(w):
+            assert not len(got)
+            continue
+        w = w.groupby(by + ["last"])["wait_ns"].sum().reset_index()
+        w = w.sort_values(by + ["wait_ns", "last"], ascending=[True] * len(by) + [False, True], kind="stable")
+        pd.testing.assert_series_equal(got, w.groupby(by).head(1).set_index(by)["last"])
