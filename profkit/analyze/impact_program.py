@@ -883,7 +883,14 @@ WORK_DTYPES = {"rank": "int32", "edge": "int32", "step": "int64", "lane": "int8"
 def _compact(df: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
     """The table in small integer types (the driver holds every rank's); phases stay shared
     Python strings (one object per distinct name, pickled once)."""
-    out = df.astype({c: t for c, t in dtypes.items() if c in df.columns})
+    want = {c: t for c, t in dtypes.items() if c in df.columns}
+    if all(isinstance(df[c].dtype, np.dtype) and df[c].dtype.kind in "iub" for c in want):
+        # the usual: numpy integer columns, cast array by array (a frame's astype of a dict of dtypes
+        # has ~0.5 ms more fixed work, three tables a rank); floats go through astype, which refuses NaN
+        out = pd.DataFrame({c: df[c].to_numpy().astype(want[c]) if c in want else df[c] for c in df.columns},
+                           index=df.index)
+    else:
+        out = df.astype(want)
     if "phase" in out:
         codes, names = pd.factorize(out["phase"].to_numpy(dtype=object))
         out["phase"] = pd.Series(np.asarray(list(names), dtype=object)[codes] if len(out) else [], dtype=object,
