@@ -210,7 +210,6 @@ def test_store_round_trip_is_pandas_own_for_every_column_type(n, store_kind, tmp
     round trip of every rank); what comes back is what ``to_pandas`` of ``Table.from_pandas`` gives,
     dtypes, missing values and None included, one column type at a time and all together."""
     import pandas as pd
-    import pyarrow as pa
 
     from profkit.analyze.store import frame_to_table, table_to_frame
 
