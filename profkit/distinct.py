@@ -138,7 +138,7 @@ def str_objects(values: pd.Series) -> np.ndarray:
 
 
 # what pandas makes of an object array of Python strings put in a frame (pandas 3: ``str``, Arrow-backed)
-_INFERRED = pd.Series(np.array(["x"], dtype=object)).dtype
+STR_DTYPE = pd.Series(np.array(["x"], dtype=object)).dtype
 
 
 def strings_at(uniques: np.ndarray, codes: np.ndarray):
@@ -150,7 +150,7 @@ def strings_at(uniques: np.ndarray, codes: np.ndarray):
     codes = np.asarray(codes, np.int64)
     missing = codes < 0
     objects = np.asarray(uniques, dtype=object)
-    fast = (isinstance(_INFERRED, pd.StringDtype) and _INFERRED.storage == "pyarrow" and codes.size
+    fast = (isinstance(STR_DTYPE, pd.StringDtype) and STR_DTYPE.storage == "pyarrow" and codes.size
             and not missing.all() and all(type(u) is str for u in objects))
     if not fast:
         return np.where(missing, None, objects[np.maximum(codes, 0)]) if objects.size else \
@@ -158,7 +158,7 @@ def strings_at(uniques: np.ndarray, codes: np.ndarray):
     import pyarrow as pa
 
     taken = pa.array(list(objects), pa.large_string()).take(pa.array(codes, mask=missing))
-    return pd.array(taken, dtype=_INFERRED)
+    return pd.array(taken, dtype=STR_DTYPE)
 
 
 def group_keys(uniques: pd.Index, codes: np.ndarray):

@@ -461,6 +461,37 @@ def test_a_late_arrivers_window_is_not_closed_by_its_own_instance():
     assert late["work_excess_ns"] == 895 - (200 - 110)  # its own work beyond its peer's: the GC
 
 
+@pytest.mark.parametrize("dtype", ["str", "string", object])
+def test_arrival_rows_string_columns_are_their_conversion(dtype):
+    """``arrival_rows`` keeps a ``str`` column as it is where it converted every row to a Python
+    object and pandas inferred ``str`` again (~0.1 s a column at DEP32 x 1,000): the table equals
+    the conversion's (``astype(str)`` / ``astype(object)`` then a frame), missing values included,
+    and a kernel launched long before it ran is GPU-gated as before; other dtypes convert as before."""
+    n = 12
+    kind = pd.Series([None if j % 2 and j // 2 % 3 == 0 else ("kernel", "cpu_span")[j // 2 % 2] for j in range(n)],
+                     dtype=dtype)  # an instance's kind is its first row's (missing on some second rows)
+    coll = pd.Series(["all_reduce", None, "all_gather"] * 4, dtype=dtype)
+    key = pd.Series(["g|all_reduce", "g|all_gather", None, "g|x"] * 3, dtype=dtype)
+    inst = pd.DataFrame({
+        "instance": np.repeat(np.arange(n // 2), 2), "rank": np.tile([0, 1], n // 2),
+        "start_ns": np.arange(n) * 1_000_000 + 500_000, "end_ns": np.arange(n) * 1_000_000 + 600_000,
+        "launch_ns": pd.array([10 if i % 5 else None for i in range(n)], dtype="Int64"),
+        "key": key, "coll_name": coll, "source_kind": kind, "complete": True})
+    windows = pd.DataFrame({"rank": [0, 1], "trace_start_ns": [0, 0], "trace_end_ns": [100_000_000] * 2})
+    rows, _ = arr_mod.arrival_rows(inst, windows, None)
+    assert len(rows) == n
+    at = rows.set_index(["instance", "rank"])
+    src = inst.set_index(["instance", "rank"]).loc[at.index]
+    want = pd.DataFrame({"key": src["key"].astype(str).to_numpy(dtype=object),
+                         "coll_name": src["coll_name"].astype(object).to_numpy(dtype=object),
+                         "source_kind": src["source_kind"].astype(str).to_numpy(dtype=object)})
+    pd.testing.assert_frame_equal(rows[["key", "coll_name", "source_kind"]], want, check_exact=True)
+    gated = (src["source_kind"].astype(str).to_numpy() == "kernel") & \
+        (src["launch_ns"].fillna(1 << 62).to_numpy(np.int64) < src["start_ns"].to_numpy(np.int64) - arr_mod.GPU_GATED_NS)
+    np.testing.assert_array_equal(rows["gpu_gated"].to_numpy(), gated)
+    assert rows["gpu_gated"].sum() == 3  # kernel rows 4, 8, 9 (rows 0 and 5 have no launch, row 1 no kind)
+
+
 def test_trace_windows_of_one_rank_as_of_many():
     """``trace_windows`` of one rank's events (the rank task's case, computed without a groupby)
     is the row the grouped path gives, instants and metadata left out; several ranks, no events
