@@ -549,6 +549,33 @@ def _positions(listed: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
+def _summed_by_key(key: np.ndarray, ns: np.ndarray, cat: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per distinct key (ascending): the sum of ``ns`` and the first category >= 0 (-1: none), as
+    ``groupby(key, sort=True).agg(sum, first)`` gives them. Keys of a small range are summed in a
+    table (a hash groupby of ~10^7 rows and its frame cost the driver ~0.4 s at DEP32 x 1,000)."""
+    if not key.size:
+        return key, ns, cat
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo >= 1 << 24:  # a wide range: sorted groups (order of appearance kept within a key)
+        order, starts = sorted_groups((key,))
+        k, c = key[order], cat[order]
+        pos = np.where(c >= 0, np.arange(k.size), k.size)
+        first = np.minimum.reduceat(pos, starts)
+        return k[starts], np.add.reduceat(ns[order], starts).astype(np.int64), \
+            np.where(first < k.size, c[np.minimum(first, k.size - 1)], -1)
+    at = key - lo
+    sums = np.zeros(hi - lo + 1, np.int64)
+    np.add.at(sums, at, ns)
+    seen = np.zeros(hi - lo + 1, bool)
+    seen[at] = True
+    valid = np.flatnonzero(cat >= 0)
+    first = np.full(hi - lo + 1, key.size, np.int64)
+    np.minimum.at(first, at[valid], valid)  # the first row with a category, per key
+    keys = np.flatnonzero(seen)
+    first = first[keys]
+    return keys + lo, sums[keys], np.where(first < key.size, cat[np.minimum(first, key.size - 1)], -1)
+
+
 def _top_causes(excess: ph_mod.CodedExcess) -> pd.DataFrame:
     """Per rank: the phases with the largest summed excess (first and second), if positive; the
     category is the first row's of the (rank, phase). Grouped on one integer key (rank, phase code)."""
@@ -556,20 +583,18 @@ def _top_causes(excess: ph_mod.CodedExcess) -> pd.DataFrame:
     if not len(rows):
         return pd.DataFrame()
     v = np.int64(max(len(excess.phases), 1))
-    cat = rows["category"]
-    tot = pd.DataFrame({"key": rows["rank"].to_numpy(np.int64) * v + rows["phase"].to_numpy(np.int64),
-                        "ns": rows["excess_ns"].to_numpy(np.int64),
-                        "category": cat.to_numpy(np.int64) if not (cat < 0).any() else cat.where(cat >= 0).to_numpy()})
-    tot = tot.groupby("key", sort=True).agg(ns=("ns", "sum"), category=("category", "first"))
-    tot = tot[tot["ns"].to_numpy() > 0]
-    rank, phase, ns = tot.index.to_numpy(np.int64) // v, tot.index.to_numpy(np.int64) % v, tot["ns"].to_numpy(np.int64)
+    key, ns, cat = _summed_by_key(rows["rank"].to_numpy(np.int64) * v + rows["phase"].to_numpy(np.int64),
+                                  rows["excess_ns"].to_numpy(np.int64), rows["category"].to_numpy(np.int64))
+    keep = ns > 0
+    key, ns, cat = key[keep], ns[keep], cat[keep]
+    rank, phase = key // v, key % v
     order = np.lexsort((phase, -ns, rank))  # by rank, largest excess first, then name (codes are in name order)
-    rank, phase, ns, cat = rank[order], phase[order], ns[order], tot["category"].to_numpy()[order]
+    rank, phase, ns, cat = rank[order], phase[order], ns[order], cat[order]
     start = np.r_[True, rank[1:] != rank[:-1]] if rank.size else np.zeros(0, bool)
     second = np.r_[False, start[:-1] & ~start[1:]] if rank.size else np.zeros(0, bool)
     idx = pd.Index(rank[start], name="rank")
     sec = pd.Index(rank[second], name="rank")
-    cat_codes = pd.Series(cat[start]).fillna(-1).to_numpy(np.int64)
+    cat_codes = cat[start]
     return pd.DataFrame({
         "top_cause": excess.phase_names(pd.Series(phase[start], index=idx), "str"),
         "top_cause_ns": pd.Series(ns[start], index=idx, dtype="int64"),
