@@ -41,7 +41,11 @@ def sorted_groups(cols: tuple[np.ndarray, ...], within: tuple[np.ndarray, ...] =
     milliseconds of fixed work."""
     n = cols[0].size
     packed = _packed(cols + within) if n else None
-    if packed is not None:  # one int64 key: one stable sort, several times faster than a lexsort
+    if packed is not None and int(packed.max()) < (1 << 63) // n:
+        # the row number in the key's low digits: every key distinct, so numpy's unstable sort
+        # (vectorized: ~10x a stable argsort of random keys) gives the stable order
+        order = np.sort(packed * np.int64(n) + np.arange(n, dtype=np.int64)) % np.int64(n)
+    elif packed is not None:  # one int64 key: one stable sort, several times faster than a lexsort
         order = np.argsort(packed, kind="stable")
     else:
         order = np.lexsort(tuple(reversed(cols + within))) if n else np.empty(0, np.int64)
