@@ -41,12 +41,8 @@ def sorted_groups(cols: tuple[np.ndarray, ...], within: tuple[np.ndarray, ...] =
     milliseconds of fixed work."""
     n = cols[0].size
     packed = _packed(cols + within) if n else None
-    if packed is not None and int(packed.max()) < (1 << 63) // n:
-        # the row number in the key's low digits: every key distinct, so numpy's unstable sort
-        # (vectorized: ~10x a stable argsort of random keys) gives the stable order
-        order = np.sort(packed * np.int64(n) + np.arange(n, dtype=np.int64)) % np.int64(n)
-    elif packed is not None:  # one int64 key: one stable sort, several times faster than a lexsort
-        order = np.argsort(packed, kind="stable")
+    if packed is not None:  # one int64 key: one stable sort, several times faster than a lexsort
+        order = stable_argsort(packed)
     else:
         order = np.lexsort(tuple(reversed(cols + within))) if n else np.empty(0, np.int64)
     new = np.zeros(n, bool)
@@ -71,3 +67,16 @@ def _packed(cols: tuple[np.ndarray, ...]) -> np.ndarray | None:
         part = c.astype(np.int64) - np.int64(lo)
         key = part if key is None else key * np.int64(width) + part
     return key
+
+
+def stable_argsort(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` of an int64 key. Where the key's range times its length
+    fits in an int64, the row number goes in the low digits: every value is then distinct, and
+    numpy's unstable sort (vectorized, ~10x a stable argsort of random keys) gives the same order."""
+    n = key.size
+    if not n:
+        return np.empty(0, np.int64)
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo >= (1 << 63) // n:
+        return np.argsort(key, kind="stable")
+    return np.sort((key - np.int64(lo)) * np.int64(n) + np.arange(n, dtype=np.int64)) % np.int64(n)

@@ -448,3 +448,16 @@ def test_summed_by_key_is_pandas_groupby_sum_and_first(rows, spread):
     np.testing.assert_array_equal(got_key, want.index.to_numpy(np.int64))
     np.testing.assert_array_equal(got_ns, want["ns"].to_numpy(np.int64))
     np.testing.assert_array_equal(got_cat, want["category"].fillna(-1).to_numpy(np.int64))
+
+
+@given(st.lists(st.sampled_from([0, 1, -1, 7, 2**40, -2**40, 2**62, -2**62, 2**63 - 1, -2**63]) | st.integers(-50, 50),
+                max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_stable_argsort_is_numpys_stable_argsort(values):
+    """``keys.stable_argsort`` (numpy's unstable sort of keys made distinct by their row number,
+    where the range allows; else the stable argsort) is ``np.argsort(kind="stable")``, ties,
+    negative keys and the int64 extremes included."""
+    from profkit.keys import stable_argsort
+
+    key = np.array(values, dtype=np.int64)
+    np.testing.assert_array_equal(stable_argsort(key), np.argsort(key, kind="stable"))
