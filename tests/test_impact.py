@@ -435,7 +435,14 @@ def test_engine_on_cpu_impact_matches_the_run_without_the_fault(engine_pairs):
     clean = pd.concat([step_means_ns(a) for a in engine_pairs["clean"]], axis=1).mean(axis=1)
     diff = (faulted - clean).dropna()
     diff.loc[diff.index == 0] = 0.0
-    true = float(diff.mean())
+    # the fault fires every other step: each pair of steps (2k, 2k+1) holds one firing, so its mean
+    # is the cost per step, and the median over the pairs keeps steps slowed by the machine's load
+    # out of the truth (with another job loading the machine, the mean of the steps once made the
+    # truth 24.0 ms for the injected 30, where the replay said 30.2)
+    by_pair = diff.groupby(diff.index.to_numpy() // 2)
+    pairs = by_pair.mean()[by_pair.size() == 2]
+    assert len(pairs) >= 5, diff
+    true = float(pairs.median())
     preds = []
     for a in engine_pairs["faulted"]:
         t = a.impact.table.set_index("cause")
