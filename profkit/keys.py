@@ -1,9 +1,10 @@
-"""Rows of one table matched to rows of another by equal integer keys, sorted instead of hashed.
+"""Rows grouped, or matched to another table's rows, by equal integer keys: sorted instead of hashed.
 
 Why: a kernel's launch is the runtime call of its (rank, pid, correlation); pandas' ``merge`` of
 two frames cost a rank milliseconds of its own work and carried a column with missing rows
-through float64 (epoch-sized nanoseconds came back rounded). Used by the collective candidates
-and the replay's GPU ops.
+through float64 (epoch-sized nanoseconds came back rounded); a ``groupby`` of a few thousand rows
+costs milliseconds of fixed work. Used by the collective candidates, the replay's GPU ops, the
+causes per rank and the straggler verdicts.
 """
 from __future__ import annotations
 
@@ -17,17 +18,11 @@ def first_match(table: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...]) -> 
     m, n = table[0].size, keys[0].size
     if not m or not n:
         return np.full(n, -1, np.int64)
-    cols = [np.concatenate([t, k]) for t, k in zip(table, keys)]
-    is_key = np.r_[np.zeros(m, bool), np.ones(n, bool)]
-    order = np.lexsort((np.arange(m + n), is_key, *reversed(cols)))  # a key's table rows first, in order
-    new = np.zeros(m + n, bool)
-    new[0] = True
-    for c in cols:
-        sc = c[order]
-        new[1:] |= sc[1:] != sc[:-1]
-    group = np.cumsum(new) - 1
-    head = order[new]
-    found = np.where(head < m, head, -1)[group]
+    cols = tuple(np.concatenate([t, k]) for t, k in zip(table, keys))
+    is_key = np.r_[np.zeros(m, np.int64), np.ones(n, np.int64)]
+    order, starts = sorted_groups(cols, within=(is_key,))  # a key's table rows first, in row order
+    head = order[starts]
+    found = np.repeat(np.where(head < m, head, -1), np.diff(np.r_[starts, m + n]))
     out = np.full(n, -1, np.int64)
     k = order >= m
     out[order[k] - m] = found[k]

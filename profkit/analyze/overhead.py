@@ -263,7 +263,7 @@ def _first_of_each(cols: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray
     """Per distinct tuple of the integer columns, its first row and its number of rows, in order
     of first appearance (``drop_duplicates``, ``groupby(sort=False).size()``)."""
     order, starts = sorted_groups(cols)
-    firsts = order[starts]  # lexsort is stable: each group's first row in row order
+    firsts = order[starts]  # the sort is stable: each group's first row in row order
     n = np.diff(np.r_[starts, order.size]).astype(np.int64)
     keep = np.argsort(firsts, kind="stable")
     return firsts[keep], n[keep]

@@ -76,7 +76,7 @@ import pandas as pd
 
 from profkit.analyze import straggler_arrivals as arr_mod
 from profkit.analyze import straggler_phases as ph_mod
-from profkit.keys import sorted_groups
+from profkit.keys import first_match, sorted_groups
 
 STRAGGLER_COLUMNS = ["rank", "times_last", "late_ns_p50", "late_ns_p99", "caused_wait_ns", "score", "top_cause"]
 STRAGGLER_EXTRA_COLUMNS = [
@@ -752,13 +752,9 @@ def _waited_for(arrivals: pd.DataFrame, by: list[str]) -> pd.Series:
     """Per group ``by``: the rank waited for longest (the last arriver of the instances waited at;
     on a tie the lowest rank). Sorted integer keys, not a groupby and a sort of millions of rows."""
     last_of = _last_of(arrivals)
-    li, lr = last_of.index.to_numpy(np.int64), last_of.to_numpy(np.int64)
-    o = np.argsort(li, kind="stable")
-    li, lr = li[o], lr[o]
-    inst = arrivals["instance"].to_numpy(np.int64)
-    j = np.minimum(np.searchsorted(li, inst), max(li.size - 1, 0))
-    has = (li[j] == inst) if li.size else np.zeros(inst.size, bool)  # an instance without a last arriver: none
-    last = lr[j] if li.size else np.zeros(inst.size, np.int64)
+    j = first_match((last_of.index.to_numpy(np.int64),), (arrivals["instance"].to_numpy(np.int64),))
+    has = j >= 0  # an instance without a last arriver: none
+    last = last_of.to_numpy(np.int64)[np.maximum(j, 0)] if len(last_of) else np.zeros(j.size, np.int64)
     wait = arrivals["wait_ns"].to_numpy(np.int64)
     cols = [arrivals[c].to_numpy(np.int64) for c in by]
     waited = (wait > 0) & (~has | (last != arrivals["rank"].to_numpy(np.int64)))
