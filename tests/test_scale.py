@@ -310,3 +310,57 @@ def test_merge_from_the_executor_is_the_same_file_as_from_memory(tmp_path):
         assert streamed.ranks == in_memory.ranks == list(range(8))
         assert (tmp_path / f"pool-{name}").read_bytes() == (tmp_path / f"mem-{name}").read_bytes()
         assert capture.events.empty and capture.event_count == in_memory.n_events
+
+
+def _rss_kept_after_freeing_64_mb() -> tuple[bool, int]:
+    """In a worker: whether glibc kept a freed 64 MB array (the RSS stays up) or unmapped it;
+    and the ``allocator`` flag."""
+    from profkit.scale import allocator
+
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+
+    a = np.ones(8 << 20, np.int64)  # 64 MB: above glibc's largest default mmap threshold (32 MB)
+    held = rss()
+    del a
+    return rss() > held - (32 << 20), bool(allocator._applied)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+@pytest.mark.parametrize("setting", ["default", "off"])
+def test_pool_workers_keep_freed_memory_for_the_next_array(setting, monkeypatch):
+    """The pool's workers reuse what they free (``scale.allocator``): a freed 64 MB array stays in
+    the heap, where glibc's default unmaps it at once; ``PROFKIT_MALLOC=0`` leaves glibc as it is.
+    The driver's (the caller's) own allocator is never changed."""
+    from profkit.scale import allocator
+    from profkit.scale.executors import PoolExecutor
+
+    monkeypatch.setenv(START_ENV, "fork")  # the test's own function reaches a forked worker as it is
+    if setting == "off":
+        monkeypatch.setenv(allocator.ENV, "0")
+    else:
+        monkeypatch.delenv(allocator.ENV, raising=False)
+    monkeypatch.setattr(allocator, "_applied", None)  # as in a process that never asked
+    ex = PoolExecutor(1)
+    try:
+        [(kept, applied)] = ex.map(_rss_kept_after_freeing_64_mb, [()], ["rank 0"])
+    finally:
+        ex.close()
+    assert (kept, applied) == ((True, True) if setting == "default" else (False, False))
+    assert allocator._applied is None  # the driver: untouched
+    kept_here, _ = _rss_kept_after_freeing_64_mb()
+    assert not kept_here  # glibc's default in this process: the array was unmapped
+
+
+def test_spawned_pool_workers_tune_their_allocator_too(monkeypatch):
+    from profkit.scale import allocator
+    from profkit.scale.executors import PoolExecutor
+
+    monkeypatch.setenv(START_ENV, "spawn")
+    monkeypatch.delenv(allocator.ENV, raising=False)
+    ex = PoolExecutor(1)
+    try:
+        assert ex.map(allocator.keep_freed_memory, [()], ["rank 0"]) == [sys.platform.startswith("linux")]
+    finally:
+        ex.close()

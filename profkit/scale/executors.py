@@ -20,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
 from profkit.analyze.stages import Batch, SerialExecutor, stage_name
+from profkit.scale.allocator import keep_freed_memory
 from profkit.errors import ScaleError
 
 EXECUTORS = ("serial", "pool", "dask")
@@ -60,7 +61,8 @@ class PoolExecutor(SerialExecutor):
     def _get(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self.method = start_method()
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(self.method))
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(self.method),
+                                             initializer=keep_freed_memory)  # the workers are ours: see allocator
         return self._pool
 
     def _submit_all(self, pool: ProcessPoolExecutor, fn: Callable, calls: Sequence[tuple], pending: list[int]) -> dict:
