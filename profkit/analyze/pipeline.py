@@ -15,7 +15,7 @@ from typing import Callable
 import pandas as pd
 
 from profkit import schema
-from profkit.align import Alignment
+from profkit.align import Alignment, apply_alignment
 from profkit.align.estimate import estimate_from_ranks, one_host
 from profkit.analyze import impact_replay as rp
 from profkit.analyze import overhead, stages
@@ -72,17 +72,22 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     # map 1 + reduce: clocks and the step marker
     # the raw-clock instances are kept only with the aligned events; the aligned ones are matched again below
     prep, alignment = prepare_ranks(capture, keys, store, ex, step_pattern, prepared=prepared,
-                                    keep_instances=keep_aligned)
+                                    keep_instances=keep_aligned, keep_candidates=True)
     stats += [p.stats for p in prep]
     _trim()
     warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
     chosen = choose_step_marker([p.markers for p in prep], step_pattern)
     sync_names = _sync_names(prep, alignment)
+    moved = _moved_candidates(prep, alignment, sync_names)
     say(f"aligned {len(ranks)} rank(s); analyzing each rank")
-    # map 2 + reduce: per-rank facts on the common clock, then who arrived last where
-    rr = ex.map(stages.rank_task,
-                [(r, stages.rank_alignment(alignment, r) if alignment is not None else None, chosen, step_pattern,
-                  store, keep_aligned, sync_names) for r in ranks], labels)
+    # map 2 + reduce: per-rank facts on the common clock, then who arrived last where; the
+    # collective instances are matched here meanwhile where the driver could move the candidates
+    ranking = ex.submit(stages.rank_task,
+                        [(r, stages.rank_alignment(alignment, r) if alignment is not None else None, chosen,
+                          step_pattern, store, keep_aligned, sync_names, moved is not None and r in moved)
+                         for r in ranks], labels)
+    early = _collectives([c for c in moved.values() if len(c)]) if moved is not None else None
+    rr = ranking.results()
     stats += [r.stats for r in rr]
     steps = _concat([r.steps for r in rr], rr[0].steps if rr else None)
     if steps is None:
@@ -105,15 +110,16 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     timelines = _concat([r.timelines for r in rr], None)
     windows = _concat([r.windows for r in rr], None)
     extents = _concat([r.extents for r in rr], None)
-    cands = [r.candidates for r in rr if len(r.candidates)]
+    if early is not None and all(r.candidates is None for r in rr if r.rank in moved):
+        instances, matched, arrivals, sync_points = early  # every rank's candidates were the moved ones
+    else:  # a rank dropped events after all (or nothing was moved): its candidates came back
+        moved = moved or {}
+        cands = [r.candidates if r.candidates is not None else moved.get(r.rank) for r in rr]
+        instances, matched, arrivals, sync_points = _collectives([c for c in cands if c is not None and len(c)])
+        del cands
+    del early, moved
     for r in rr:
         r.candidates = None
-    instances = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
-    del cands
-    matched = match_instances(instances) if len(instances) else None
-    arrivals = None
-    if matched is not None:
-        arrivals = overhead.arrivals_from_match(instances[instances["complete"].astype(bool)], matched)
     if windows is None:
         windows = overhead.analysis_windows(schema.empty_frame(), steps)
     if timelines is None:
@@ -125,7 +131,6 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
 
         extents = trace_windows(schema.empty_frame())
     plan = plan_stragglers(instances, extents, steps, matched)
-    sync_points = sync_point_table(instances, matched)
     if matched is not None:  # finish_stragglers reads the instances only to match them: they are matched
         plan.instances = None  # every rank's collective rows: the largest table the driver would keep
     del instances
@@ -194,8 +199,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
 
 
 def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_pattern: str | None,
-                  align: bool = True, prepared: dict | None = None, keep_instances: bool = True
-                  ) -> tuple[list, Alignment | None]:
+                  align: bool = True, prepared: dict | None = None, keep_instances: bool = True,
+                  keep_candidates: bool = False) -> tuple[list, Alignment | None]:
     """Map 1 (each rank's events joined in the store, its clock facts) and the alignment over
     them (None: not asked for, or no rank has events). The parts and the matched candidates are
     released: the driver keeps only what the next stages need.
@@ -203,7 +208,8 @@ def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_
     ``prepared``: by part store key, what a read task prepared of a file of one part, as the rank
     the file names; adopted where that part alone became that rank (its tables are moved to the
     rank's keys), the rank prepared as usual otherwise. ``keep_instances``: keep the raw-clock
-    collective instances in ``alignment.instances`` (``estimate_from_ranks``)."""
+    collective instances in ``alignment.instances`` (``estimate_from_ranks``); ``keep_candidates``:
+    each rank's candidates on its own clock in its result's ``candidates`` (``_moved_candidates``)."""
     ranks = sorted(keys)
     prepared = prepared or {}
     adopted = {r: prepared[keys[r][0]] for r in ranks
@@ -221,14 +227,42 @@ def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_
         if align and clocks else None
     del clocks
     for p in prep:
+        if keep_candidates and p.clock is not None:
+            p.candidates = p.clock.candidates
         p.clock = None
     return prep, alignment
+
+
+def _moved_candidates(prep: list, alignment: Alignment | None, sync_names: dict[str, str]) -> dict | None:
+    """By rank (ascending), its prepared candidates moved onto the common clock, as ``rank_task``
+    moves them where it drops no event and no span name is a sync point by cross-rank evidence (it
+    finds the candidates again on the aligned events then); None unless every rank is such
+    (``stages.one_stream``: then the instances can be matched while the ranks are analyzed).
+    Releases the prepared candidates."""
+    raw = {p.rank: p.candidates for p in sorted(prep, key=lambda p: p.rank) if p.candidates is not None}
+    can = alignment is not None and not sync_names and all(p.one_stream for p in prep if p.candidates is not None)
+    for p in prep:
+        p.candidates = None
+    if not can or not raw:
+        return None
+    return {r: apply_alignment(c, stages.rank_alignment(alignment, r)) for r, c in raw.items()}
+
+
+def _collectives(cands: list[pd.DataFrame]) -> tuple:
+    """The collective instances of every rank's candidates on the common clock (in rank order),
+    matched: (instances, one row per instance or None, the complete ones' arrivals or None, the
+    sync point table)."""
+    instances = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
+    matched = match_instances(instances) if len(instances) else None
+    arrivals = None
+    if matched is not None:
+        arrivals = overhead.arrivals_from_match(instances[instances["complete"].astype(bool)], matched)
+    return instances, matched, arrivals, sync_point_table(instances, matched)
 
 
 def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:
     """Span names that are sync points by cross-rank evidence (blocking OS calls, aligned ends),
     from every rank's small span facts, the samples moved onto the common clock."""
-    from profkit.align import apply_alignment
     from profkit.collectives.syncpoints import decide_sync_names
 
     facts = [p.span_facts for p in prep if p.span_facts is not None and len(p.span_facts)]

@@ -34,8 +34,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit.align import Alignment, apply_alignment, drop_duplicate_spans
+from profkit.align.dedupe import DEDUPE_KINDS
 from profkit.align.estimate import RankClockFacts, prepare_rank
 from profkit.analyze import impact_program
 from profkit.analyze import overhead
@@ -241,6 +242,10 @@ class PrepareResult:
     # whether it holds a collective; a block of its ends (the driver decides sync points by name)
     span_facts: pd.DataFrame | None = None
     span_samples: pd.DataFrame | None = None
+    # one source, its host spans one stream: ``rank_task`` drops nothing from such a rank
+    # (``one_stream``), so its candidates on the common clock are these moved (the driver can)
+    one_stream: bool = False
+    candidates: pd.DataFrame | None = None  # the driver's: the clock's candidates (``pipeline.prepare_ranks``)
 
 
 def prepare_task(rank: int, part_keys: list[str], store, step_pattern: str | None,
@@ -283,7 +288,23 @@ def _prepare_events(rank: int, events: pd.DataFrame, store, step_pattern: str | 
     if clock is not None:
         store.put(candidates_at, clock.candidates)  # reused on the common clock by rank_task
     return PrepareResult(rank=rank, clock=clock, markers=step_marker_facts(events, step_pattern), n_events=len(events),
-                         span_facts=facts, span_samples=samples)
+                         span_facts=facts, span_samples=samples, one_stream=one_stream(events))
+
+
+def one_stream(events: pd.DataFrame) -> bool:
+    """Whether ``rank_task`` can drop nothing from these events, whatever the clocks: they come
+    from one source (``clip_to_recorded`` cuts only between sources) and their host spans from one
+    (source, category) stream (``drop_duplicate_spans`` compares streams). Counted over every
+    host span row, a superset of those the dedupe compares: False may be too careful, never wrong."""
+    if not len(events) or "source" not in events:
+        return False
+    if distinct.codes(events["source"])[1].size > 1:
+        return False
+    host = distinct.isin(events["kind"], DEDUPE_KINDS)
+    if not host.any():
+        return True
+    category = events["category"][host] if "category" in events else pd.Series([""] * int(host.sum()))
+    return distinct.codes(category.fillna(""))[1].size <= 1
 
 
 # ---- stage 2: per rank, on the common clock ---------------------------------------------------
@@ -298,7 +319,7 @@ class RankResult:
     dropped_steps: int
     timelines: pd.DataFrame
     windows: pd.DataFrame  # the windows charged (``overhead.analysis_windows``); the charged rows stay in the store
-    candidates: pd.DataFrame  # collective candidates on the common clock
+    candidates: pd.DataFrame | None  # collective candidates on the common clock (None: the driver moved them)
     extents: pd.DataFrame  # ``straggler_arrivals.trace_windows``
     tokens: pd.DataFrame  # ``balance.step_tokens``
     duplicates: dict  # {(rank, source): dropped}
@@ -316,9 +337,12 @@ def rank_alignment(alignment: Alignment, rank: int) -> Alignment:
 
 
 def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] | None, step_pattern: str | None,
-              store, keep_aligned: bool = False, sync_names: dict[str, str] | None = None) -> RankResult:
+              store, keep_aligned: bool = False, sync_names: dict[str, str] | None = None,
+              driver_moves: bool = False) -> RankResult:
     """Everything one rank's events say on their own, on the common clock. ``sync_names``: span
-    names the driver recognized as sync points across ranks (``syncpoints.decide_sync_names``)."""
+    names the driver recognized as sync points across ranks (``syncpoints.decide_sync_names``).
+    ``driver_moves``: the driver moves the rank's prepared candidates onto the common clock
+    itself (``pipeline._moved_candidates``): where they are those, none come back."""
     t0 = _clock()
     _maybe_die("rank", rank)
     events = rank_events(store, rank)
@@ -328,8 +352,8 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     steps = step_table(events, step_pattern, chosen)
     dropped_steps = int(steps.attrs.get("dropped_steps", {}).get(rank, 0))
     events, cut = clip_to_recorded(events)
-    if alignment is not None and not duplicates and not cut and not sync_names:
-        # nothing was dropped: the collectives found before alignment, moved onto the common clock
+    moved = alignment is not None and not duplicates and not cut and not sync_names
+    if moved:  # nothing was dropped: the collectives found before alignment, moved onto the common clock
         candidates = apply_alignment(store.get(candidates_key(rank)), alignment)
     else:
         candidates = collective_candidates(events, sync_names)
@@ -353,7 +377,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     if keep_aligned:
         store.put(aligned_key(rank), events)
     out = RankResult(rank=rank, steps=steps, dropped_steps=dropped_steps, timelines=gpu_timelines(events, arrays),
-                     windows=windows, candidates=candidates, extents=extents,
+                     windows=windows, candidates=None if moved and driver_moves else candidates, extents=extents,
                      tokens=step_tokens(steps, events, arrays), duplicates=duplicates, cut=int(cut.get(rank, 0)),
                      n_events=len(events))
     out.stats = _stats("rank", rank, t0, len(events))
