@@ -275,3 +275,23 @@ def test_straggler_tables_when_present():
     score = by["straggler_score_min"]
     assert score.verdict == cmp.UNJUDGED and score.base == 0.97 and score.cand == 0.8 and score.metric.better == cmp.HIGHER
     assert cand.late_because == {0: "-", 1: "EngineCore.step"}
+
+
+@pytest.mark.parametrize("stat", ["mean", "max", "p90"])
+@pytest.mark.parametrize("holes", [False, True])
+def test_bootstrap_with_rows_drawn_once_is_the_bootstrap_that_draws_them(stat, holes):
+    """``resample_rows`` drawn once from a generator of the bootstrap's seed give the very same
+    resamples (the impact table draws them once for all its scenarios); a matrix without missing
+    values divides by its size, as its counts would sum to."""
+    from profkit.analyze.compare import bootstrap, resample_rows
+
+    m = np.random.default_rng(5).normal(size=(37, 3)) * 1e6
+    if holes:
+        m[::4, 1] = np.nan
+    want = bootstrap(m, stat, 300, np.random.default_rng([0, 17]))
+    idx = resample_rows(np.random.default_rng([0, 17]), m.shape[0], 300)
+    got = bootstrap(m, stat, 300, np.random.default_rng(99), idx=idx)
+    np.testing.assert_array_equal(got, want)
+    if stat == "mean" and not holes:  # divided by the resampled counts' sum, as before this round
+        counts = np.full(m.shape[0], m.shape[1])
+        np.testing.assert_array_equal(want, m.sum(axis=1)[idx].sum(axis=1) / counts[idx].sum(axis=1))

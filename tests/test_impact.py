@@ -627,3 +627,34 @@ def test_a_program_whose_gpu_work_is_added_later_is_the_one_built_with_it(folder
                 pd.testing.assert_frame_equal(getattr(got, table), getattr(want, table), check_exact=True)
             assert (got.residual_ns, got.notes, got.gpu_work_at, got.gpu_windows) == (want.residual_ns, want.notes, -1, None)
     assert with_gpu_work  # the captures have GPU work to defer
+
+
+def test_scenario_rows_and_cuts_are_the_dense_shares_and_the_same_in_any_block():
+    """``_share_rows`` finds the rows a scenario removes from a mask where it removes whole rows
+    (the GPU-only bound, a cause), its share otherwise: the same rows and shares as the dense
+    ``_share`` over every work row; and ``_cuts`` of a block of scenarios is each scenario's cut
+    side by side (a block of one fills its column directly, a larger one reuses one buffer)."""
+    a = real("vllm-0.26-h200/torch_faults")
+    g = a.impact.graph
+    w = g.work
+    scen = [imp.Scenario(imp.GPU_ONLY, imp.BOUND), imp.Scenario(imp.MEDIAN_RANK, imp.BOUND),
+            imp.Scenario(imp.MEDIAN_STEP, imp.BOUND), imp.Scenario("gc", imp.CAUSE, phase="gc"),
+            imp.Scenario("sleep", imp.SPIKES, phase="Scheduler.schedule"),
+            imp.Scenario("r", imp.RANK_PHASE, phase="Scheduler.schedule", rank=0),
+            imp.Scenario("none", imp.CAUSE, phase="no such phase"),
+            imp.Scenario("both", imp.COMBINED, parts=(imp.Scenario("gc", imp.CAUSE, phase="gc"),
+                                                       imp.Scenario("s", imp.SPIKES, phase="Scheduler.schedule")))]
+    scen += imp.scenarios_for(w, a.causes, a.stragglers, a.straggler_ranks)
+    for s in scen:
+        dense = imp._share(s, w, {})
+        rows, share = imp._share_rows(s, w, {})
+        np.testing.assert_array_equal(rows, np.flatnonzero(dense))
+        np.testing.assert_array_equal(np.ones(rows.size) if share is None else share, dense[rows])
+    assert any(imp._share_rows(s, w, {})[1] is None and imp._share_rows(s, w, {})[0].size for s in scen)
+    one = [imp._cuts(g, [s]) for s in scen]
+    cut, node_cut, removed = imp._cuts(g, scen)
+    np.testing.assert_array_equal(cut, np.concatenate([c for c, _, _ in one], axis=1))
+    np.testing.assert_array_equal(removed, np.concatenate([r for _, _, r in one]))
+    nodes = [n if n is not None else np.zeros((g.n, 1), np.int64) for _, n, _ in one]
+    np.testing.assert_array_equal(node_cut, np.concatenate(nodes, axis=1))
+    assert cut.any() and node_cut is not None  # (one rank: the straggler-free bound moves no point)

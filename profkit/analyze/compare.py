@@ -232,20 +232,26 @@ def _stat(x: np.ndarray, stat: str) -> np.ndarray:
     return fn[1](x, axis=1) if nan else fn[0](x, axis=1)
 
 
-def bootstrap(matrix: np.ndarray, stat: str, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+def bootstrap(matrix: np.ndarray, stat: str, n_resamples: int, rng: np.random.Generator,
+              idx: np.ndarray | None = None) -> np.ndarray:
     """The statistic over ``n_resamples`` resamples of the matrix's rows (steps), with replacement.
 
     Mean, max and min reduce each step first (exact, O(resamples x steps)). Quantiles are exact
     on small inputs; past ``_EXACT_LIMIT`` resampled values (DEP256 x 1000 steps) they are read
     from per-step histograms over the pooled data's own quantiles (4096 bins: the error is below
     one bin, tiny where the data are dense), so a comparison stays seconds, not minutes.
+    ``idx``: the resamples' rows (``resample_rows``) where the caller draws them once for several
+    matrices of as many rows from generators of one seed (the same draws); ``rng`` is then unused.
     """
     n_rows = matrix.shape[0]
-    idx = rng.integers(0, n_rows, size=(n_resamples, n_rows))
+    if idx is None:
+        idx = resample_rows(rng, n_rows, n_resamples)
     present = ~np.isnan(matrix)
     if stat == "mean":
         sums, counts = np.where(present, matrix, 0.0).sum(axis=1), present.sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
+            if present.all():  # every resample has all its values: the counts sum to n_rows x columns
+                return sums[idx].sum(axis=1) / float(n_rows * matrix.shape[1])
             return sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
     if stat in ("max", "min"):
         fill = -np.inf if stat == "max" else np.inf
@@ -261,6 +267,11 @@ def bootstrap(matrix: np.ndarray, stat: str, n_resamples: int, rng: np.random.Ge
         block = idx[s : s + per]
         out[s : s + len(block)] = _stat(matrix[block].reshape(len(block), -1), stat)
     return out
+
+
+def resample_rows(rng: np.random.Generator, n_rows: int, n_resamples: int) -> np.ndarray:
+    """The rows of each of ``bootstrap``'s resamples: ``n_resamples`` draws of ``n_rows`` rows."""
+    return rng.integers(0, n_rows, size=(n_resamples, n_rows))
 
 
 def _binned_quantiles(matrix: np.ndarray, q: float, idx: np.ndarray) -> np.ndarray:

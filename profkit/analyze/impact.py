@@ -232,13 +232,17 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
 
     Work rows on a lane are removed (in part, for a share); a sync's wait row (``WAIT_ON_GPU``)
     is removed whole or not at all: removing ``host_sync (X)`` removes the sync, so the host no
-    longer waits for its GPU there."""
+    longer waits for its GPU there. Each scenario touches only the rows it removes any of
+    (``_share_rows``: one phase's, most of them), never every work row or edge again: at DEP32 x
+    1,000 a block is one scenario over 2.9 M work rows and edges, replayed beside the others on
+    threads, and what is done here holds the GIL."""
     w = g.work
     cut = np.zeros((len(g.edges), len(scen)), np.int64)
-    col = np.zeros(len(g.edges), np.int64)  # one scenario's cuts, filled contiguous, then copied into ``cut``
+    # one scenario's cuts, filled contiguous, then copied into ``cut`` (a block of one: its column itself)
+    col = cut[:, 0] if len(scen) == 1 else np.zeros(len(g.edges), np.int64)
     node_cut = None
     removed = np.zeros(len(scen), np.int64)
-    is_wait_row = w.lane == prog.WAIT_ON_GPU
+    is_wait_row = w.wait_rows()
     ctx: dict = {}
     for j, s in enumerate(scen):
         nc = _node_cut(g, s, ctx)
@@ -248,16 +252,16 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
             removed[j] += int(nc.sum())
         if not w.size:
             continue
-        share = _share(s, w, ctx)
-        rows = np.flatnonzero(share)  # the rows it removes any of: most scenarios remove one phase's
-        share, ns, edge, wait = share[rows], w.ns[rows], w.edge[rows], is_wait_row[rows]
-        amount = np.rint(ns * share).astype(np.int64)
+        rows, share = _share_rows(s, w, ctx)  # the rows it removes any of: most scenarios remove one phase's
+        ns, edge, wait = w.ns[rows], w.edge[rows], is_wait_row[rows]
+        amount = ns if share is None else np.rint(ns * share).astype(np.int64)  # None: whole rows
         lane_rows = ~wait & (amount > 0)
-        col[:] = 0
         np.add.at(col, edge[lane_rows], amount[lane_rows])
-        drop = wait & (share >= 0.5)
+        drop = wait if share is None else wait & (share >= 0.5)
         col[edge[drop]] = DROP
-        cut[:, j] = col
+        if len(scen) > 1:
+            cut[:, j] = col
+            col[edge] = 0  # the only entries this scenario set
         removed[j] += int(amount[lane_rows].sum() + ns[drop].sum())
     return cut, node_cut, removed
 
@@ -295,6 +299,21 @@ def _share(s: Scenario, w: rp.WorkArrays, ctx: dict) -> np.ndarray:
         hit &= w.rank == s.rank
         return np.where(hit, _peer_step_share(w, hit, s.rank, w.code_of(str(s.phase))), 0.0)
     return np.where(hit, 1.0, 0.0)
+
+
+def _share_rows(s: Scenario, w: rp.WorkArrays, ctx: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(rows, share[rows])`` for ``share = _share(s, w, ctx)`` and ``rows = np.flatnonzero(share)``,
+    without a share for every work row where the scenario removes whole rows of one phase (or the
+    host lane): their rows found from a mask, and None for their share (all 1: a row's ns, an
+    int64 far below 2^53, is then its amount as ``rint(ns * 1.0)`` would give it)."""
+    if s.kind != COMBINED and s.name not in (MEDIAN_RANK, MEDIAN_STEP):
+        if s.name == GPU_ONLY:
+            return np.flatnonzero(w.lane == prog.HOST), None
+        if s.kind not in (SPIKES, RANK_PHASE):
+            return np.flatnonzero(w.code == w.code_of(str(s.phase))), None
+    share = _share(s, w, ctx)
+    rows = np.flatnonzero(share)
+    return rows, share[rows]
 
 
 def _median_rank_cut(g: rp.ReplayGraph) -> np.ndarray:
@@ -519,10 +538,11 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
     charged = _charged(scen, causes, cause_steps)
     all_ranks = sorted(int(r) for r in g.ranks)
     rows = []
+    draws: dict = {}
     for j, s in enumerate(scen):
         d = base_step - rep_step[:, j]
         imp = float(d.mean())
-        lo, hi = _interval(d, n_resamples, seed)
+        lo, hi = _interval(d, n_resamples, seed, draws)
         p90 = float(np.quantile(base_step, 0.9) - np.quantile(rep_step[:, j], 0.9))
         ranks = _ranks_of(s, g.work, all_ranks)
         rows.append({
@@ -557,13 +577,22 @@ def _round(x: float):
     return int(round(x)) if math.isfinite(x) else pd.NA
 
 
-def _interval(d: np.ndarray, n_resamples: int, seed: int) -> tuple[float, float]:
-    """95% bootstrap interval of the mean of per-step drops (steps resampled)."""
-    from profkit.analyze.compare import bootstrap, _percentiles
+def _interval(d: np.ndarray, n_resamples: int, seed: int, draws: dict | None = None) -> tuple[float, float]:
+    """95% bootstrap interval of the mean of per-step drops (steps resampled). ``draws``: the
+    resampled rows by (seed, steps, resamples), shared by the scenarios of one evaluation (each
+    would draw the same ones from a generator of the same seed)."""
+    from profkit.analyze.compare import _percentiles, bootstrap, resample_rows
 
     if d.size < 2:
         return math.nan, math.nan
-    reps = bootstrap(d.reshape(-1, 1).astype(np.float64), "mean", n_resamples, np.random.default_rng([seed, 17]))
+    rng = np.random.default_rng([seed, 17])
+    key = (seed, d.size, n_resamples)
+    idx = None
+    if draws is not None:
+        idx = draws.get(key)
+        if idx is None:
+            idx = draws[key] = resample_rows(rng, d.size, n_resamples)
+    reps = bootstrap(d.reshape(-1, 1).astype(np.float64), "mean", n_resamples, rng, idx=idx)
     return _percentiles(reps, CONFIDENCE)
 
 
@@ -600,7 +629,10 @@ def _ranks_of(s: Scenario, w: rp.WorkArrays, all_ranks: list[int]) -> list[int]:
         return [int(s.rank)]
     if s.kind in (BOUND, COMBINED):
         return all_ranks
-    return sorted(int(r) for r in np.unique(w.rank[w.code == w.code_of(str(s.phase))]))
+    ranks = w.rank[w.code == w.code_of(str(s.phase))]
+    if ranks.size and ranks.min() >= 0:  # ranks are small counts: which are present, without a sort
+        return np.flatnonzero(np.bincount(ranks)).tolist()
+    return sorted(int(r) for r in np.unique(ranks))
 
 
 def _charged(scen: list[Scenario], causes: pd.DataFrame | None, cause_steps: pd.DataFrame | None) -> list:

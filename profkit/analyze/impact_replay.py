@@ -42,10 +42,18 @@ class WorkArrays:
     ns: np.ndarray
     names: np.ndarray
     median_share: np.ndarray | None = None  # cache of ``impact._median_step_share``
+    _wait_rows: np.ndarray | None = None  # cache of ``wait_rows``
 
     @property
     def size(self) -> int:
         return int(self.ns.size)
+
+    def wait_rows(self) -> np.ndarray:
+        """Which rows are a sync's wait (lane ``WAIT_ON_GPU``): computed once (blocks of scenarios
+        on several threads may each compute it the first time; the same array)."""
+        if self._wait_rows is None:
+            self._wait_rows = self.lane == prog.WAIT_ON_GPU
+        return self._wait_rows
 
     def code_of(self, phase: str) -> int:
         hit = np.flatnonzero(self.names == phase)
