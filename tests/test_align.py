@@ -370,3 +370,40 @@ def test_estimate_without_kept_instances_matched_by_seq_and_by_order(sim16, tmp_
     _lean_vs_full(sim16[0])  # sequence numbers
     simulate(16, 6, seed=4, out_dir=tmp_path / "sim", fmt="nsys", layers=3, offset_ms_max=25.0, drift_ppm_max=60.0)
     _lean_vs_full(profkit.load(tmp_path / "sim").events)  # none: matched by order
+
+
+def test_ranks_fitted_on_threads_give_the_clocks_fitted_one_by_one(monkeypatch):
+    """``ranks._fits`` fits a level's or a refinement's ranks side by side on threads: the same
+    clocks, bit for bit, as one rank after another (12 ranks, drifting, noisy ends, outliers, a
+    rank with CPU spans only)."""
+    from profkit.align import ranks as rk
+
+    rng = np.random.default_rng(7)
+    n_ranks, n_inst, t0 = 12, 400, 10**12
+    truth = np.sort(rng.uniform(0, 5e9, n_inst)).astype(np.int64) + t0
+    rows = []
+    for r in range(n_ranks):
+        off, drift = int(rng.integers(-5 * 10**6, 5 * 10**6)), rng.normal(0, 20) * 1e-6
+        ends = truth + off + np.rint((truth - t0) * drift).astype(np.int64) + rng.normal(0, 2_000, n_inst).astype(np.int64)
+        ends[rng.random(n_inst) < 0.03] += 500_000  # late exits
+        tier = np.full(n_inst, rk.CPU_TIER if r == 9 else rk.KERNEL_TIER, np.int64)
+        rows.append(pd.DataFrame({"rank": r, "instance": np.arange(n_inst), "start_ns": ends - 1000, "end_ns": ends,
+                                  "tier": tier}))
+    obs = pd.concat(rows, ignore_index=True)
+    windows = {r: (t0 - 10**7, t0 + 6 * 10**9) for r in range(n_ranks)}
+    threads = []
+    real_fits = rk._fits
+
+    def counting(jobs, *a):
+        threads.append(len(jobs))
+        return real_fits(jobs, *a)
+
+    monkeypatch.setattr(rk, "_fits", counting)
+    monkeypatch.setattr(rk.os, "cpu_count", lambda: 2)  # threads on any machine
+    together, warn_a = rk.solve_ranks(obs, list(range(n_ranks)), windows, t0)
+    assert max(threads) >= 4  # levels and refinements of several ranks at once: on threads
+    monkeypatch.setattr(rk, "FIT_THREADS", 1)
+    alone, warn_b = rk.solve_ranks(obs, list(range(n_ranks)), windows, t0)
+    pd.testing.assert_frame_equal(together, alone, check_exact=True)
+    assert warn_a == warn_b
+    assert (together["offset_ns"] != 0).sum() == n_ranks - 1
