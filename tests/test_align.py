@@ -399,7 +399,8 @@ def test_ranks_fitted_on_threads_give_the_clocks_fitted_one_by_one(monkeypatch):
         return real_fits(jobs, *a)
 
     monkeypatch.setattr(rk, "_fits", counting)
-    monkeypatch.setattr(rk.os, "cpu_count", lambda: 2)  # threads on any machine
+    monkeypatch.setattr(rk.os, "cpu_count", lambda: 2)  # threads on any machine, for ranks of any size
+    monkeypatch.setattr(rk, "FIT_THREAD_MIN_POINTS", 0)
     together, warn_a = rk.solve_ranks(obs, list(range(n_ranks)), windows, t0)
     assert max(threads) >= 4  # levels and refinements of several ranks at once: on threads
     monkeypatch.setattr(rk, "FIT_THREADS", 1)

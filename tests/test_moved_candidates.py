@@ -2,7 +2,7 @@
 thirteenth round): where every rank comes from one source with one host span stream
 (``stages.one_stream``) and no span name is a sync point by cross-rank evidence, ``rank_task``
 only moves each rank's prepared candidates onto the common clock, so the driver moves them
-itself (``pipeline._moved_candidates``) and matches them meanwhile.
+itself (``pipeline._movable_candidates``, ``_moved``) and matches them meanwhile.
 
 Checked against what it replaces: the candidates the rank tasks return when not told the driver
 moves them, frame for frame, and every table of the analysis with the driver's early matching
@@ -52,7 +52,7 @@ def _assert_same(a, b) -> None:
 
 def _spy(monkeypatch, returned: dict, moved: dict, asked: dict, honour: bool = True) -> None:
     """Record what each rank task would return (told nothing) and what the driver moved."""
-    real_task, real_moved = stages.rank_task, pipeline._moved_candidates
+    real_task, real_moved = stages.rank_task, pipeline._moved
 
     def task(*args):
         rank, driver_moves = args[0], args[-1]
@@ -69,11 +69,11 @@ def _spy(monkeypatch, returned: dict, moved: dict, asked: dict, honour: bool = T
         return got
 
     monkeypatch.setattr(stages, "rank_task", task)
-    monkeypatch.setattr(pipeline, "_moved_candidates", moved_candidates)
+    monkeypatch.setattr(pipeline, "_moved", moved_candidates)
 
 
 def _moves_nothing(prep: list, *args) -> None:
-    """``pipeline._moved_candidates`` as before this round: every rank's candidates come back."""
+    """``pipeline._movable_candidates`` as before this round: every rank's candidates come back."""
     for p in prep:
         p.candidates = None
     return None
@@ -93,7 +93,7 @@ def test_the_driver_moves_the_candidates_the_rank_tasks_would_return(name, dep6,
     for rank, frame in returned.items():
         pd.testing.assert_frame_equal(moved[rank], frame, check_exact=True, obj=f"rank {rank}'s candidates")
     monkeypatch.undo()
-    monkeypatch.setattr(pipeline, "_moved_candidates", _moves_nothing)
+    monkeypatch.setattr(pipeline, "_movable_candidates", _moves_nothing)
     _assert_same(early, analyze_paths([path], executor="serial"))
     assert len(early.straggler_instances) and len(early.sync_points)  # the instances mattered
 

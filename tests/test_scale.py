@@ -312,45 +312,50 @@ def test_merge_from_the_executor_is_the_same_file_as_from_memory(tmp_path):
         assert capture.events.empty and capture.event_count == in_memory.n_events
 
 
-def _rss_kept_after_freeing_64_mb() -> tuple[bool, int]:
-    """In a worker: whether glibc kept a freed 64 MB array (the RSS stays up) or unmapped it;
-    and the ``allocator`` flag."""
-    from profkit.scale import allocator
+_FREED_MEMORY_CHECK = r"""
+import json
+import numpy as np
+from profkit.scale import allocator
+from profkit.scale.executors import PoolExecutor
 
-    def rss() -> int:
+def kept():
+    # whether glibc kept a freed 64 MB array (the RSS stays up) or unmapped it; the module's flag
+    def rss():
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
-
     a = np.ones(8 << 20, np.int64)  # 64 MB: above glibc's largest default mmap threshold (32 MB)
     held = rss()
     del a
     return rss() > held - (32 << 20), bool(allocator._applied)
 
+ex = PoolExecutor(1)
+[worker] = ex.map(kept, [()], ["rank 0"])
+ex.close()
+print(json.dumps({"worker": worker, "driver": kept()}))
+"""
+
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 @pytest.mark.parametrize("setting", ["default", "off"])
-def test_pool_workers_keep_freed_memory_for_the_next_array(setting, monkeypatch):
+def test_pool_workers_keep_freed_memory_for_the_next_array(setting):
     """The pool's workers reuse what they free (``scale.allocator``): a freed 64 MB array stays in
     the heap, where glibc's default unmaps it at once; ``PROFKIT_MALLOC=0`` leaves glibc as it is.
-    The driver's (the caller's) own allocator is never changed."""
-    from profkit.scale import allocator
-    from profkit.scale.executors import PoolExecutor
+    The driver's (the caller's) own allocator is never changed. In a fresh interpreter: a test
+    process that ran other tests may hold what it freed for its own reasons."""
+    import json
 
-    monkeypatch.setenv(START_ENV, "fork")  # the test's own function reaches a forked worker as it is
+    from profkit.scale import allocator
+
+    env = {k: v for k, v in os.environ.items() if k not in (allocator.ENV, "GLIBC_TUNABLES")}
+    env[START_ENV] = "fork"  # the script's own function reaches a forked worker as it is
     if setting == "off":
-        monkeypatch.setenv(allocator.ENV, "0")
-    else:
-        monkeypatch.delenv(allocator.ENV, raising=False)
-    monkeypatch.setattr(allocator, "_applied", None)  # as in a process that never asked
-    ex = PoolExecutor(1)
-    try:
-        [(kept, applied)] = ex.map(_rss_kept_after_freeing_64_mb, [()], ["rank 0"])
-    finally:
-        ex.close()
-    assert (kept, applied) == ((True, True) if setting == "default" else (False, False))
-    assert allocator._applied is None  # the driver: untouched
-    kept_here, _ = _rss_kept_after_freeing_64_mb()
-    assert not kept_here  # glibc's default in this process: the array was unmapped
+        env[allocator.ENV] = "0"
+    done = subprocess.run([sys.executable, "-c", _FREED_MEMORY_CHECK], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["worker"] == ([True, True] if setting == "default" else [False, False]), got
+    assert got["driver"] == [False, False], got  # the driver: glibc's default, the array unmapped
 
 
 def test_spawned_pool_workers_tune_their_allocator_too(monkeypatch):

@@ -78,14 +78,16 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
     chosen = choose_step_marker([p.markers for p in prep], step_pattern)
     sync_names = _sync_names(prep, alignment)
-    moved = _moved_candidates(prep, alignment, sync_names)
+    movable = _movable_candidates(prep, alignment, sync_names)
     say(f"aligned {len(ranks)} rank(s); analyzing each rank")
     # map 2 + reduce: per-rank facts on the common clock, then who arrived last where; the
-    # collective instances are matched here meanwhile where the driver could move the candidates
+    # collective instances are matched here meanwhile where the driver can move the candidates
     ranking = ex.submit(stages.rank_task,
                         [(r, stages.rank_alignment(alignment, r) if alignment is not None else None, chosen,
-                          step_pattern, store, keep_aligned, sync_names, moved is not None and r in moved)
+                          step_pattern, store, keep_aligned, sync_names, movable is not None and r in movable)
                          for r in ranks], labels)
+    moved = _moved(movable, alignment) if movable is not None else None
+    del movable
     early = _collectives([c for c in moved.values() if len(c)]) if moved is not None else None
     rr = ranking.results()
     stats += [r.stats for r in rr]
@@ -209,7 +211,7 @@ def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_
     the file names; adopted where that part alone became that rank (its tables are moved to the
     rank's keys), the rank prepared as usual otherwise. ``keep_instances``: keep the raw-clock
     collective instances in ``alignment.instances`` (``estimate_from_ranks``); ``keep_candidates``:
-    each rank's candidates on its own clock in its result's ``candidates`` (``_moved_candidates``)."""
+    each rank's candidates on its own clock in its result's ``candidates`` (``_movable_candidates``)."""
     ranks = sorted(keys)
     prepared = prepared or {}
     adopted = {r: prepared[keys[r][0]] for r in ranks
@@ -233,19 +235,22 @@ def prepare_ranks(capture: Capture, keys: dict[int, list[str]], store, ex, step_
     return prep, alignment
 
 
-def _moved_candidates(prep: list, alignment: Alignment | None, sync_names: dict[str, str]) -> dict | None:
-    """By rank (ascending), its prepared candidates moved onto the common clock, as ``rank_task``
-    moves them where it drops no event and no span name is a sync point by cross-rank evidence (it
-    finds the candidates again on the aligned events then); None unless every rank is such
-    (``stages.one_stream``: then the instances can be matched while the ranks are analyzed).
-    Releases the prepared candidates."""
+def _movable_candidates(prep: list, alignment: Alignment | None, sync_names: dict[str, str]) -> dict | None:
+    """By rank (ascending), its prepared candidates, which ``rank_task`` will only move onto the
+    common clock (it drops no event, and no span name is a sync point by cross-rank evidence: it
+    would find the candidates again on the aligned events then), so the driver can move them
+    itself and match the instances while the ranks are analyzed; None unless every rank is such
+    (``stages.one_stream``). Releases the prepared candidates from ``prep``."""
     raw = {p.rank: p.candidates for p in sorted(prep, key=lambda p: p.rank) if p.candidates is not None}
     can = alignment is not None and not sync_names and all(p.one_stream for p in prep if p.candidates is not None)
     for p in prep:
         p.candidates = None
-    if not can or not raw:
-        return None
-    return {r: apply_alignment(c, stages.rank_alignment(alignment, r)) for r, c in raw.items()}
+    return raw if can and raw else None
+
+
+def _moved(movable: dict, alignment: Alignment) -> dict:
+    """``_movable_candidates`` on the common clock, as ``rank_task`` moves them (per rank)."""
+    return {r: apply_alignment(c, stages.rank_alignment(alignment, r)) for r, c in movable.items()}
 
 
 def _collectives(cands: list[pd.DataFrame]) -> tuple:

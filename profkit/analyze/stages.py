@@ -342,7 +342,7 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     """Everything one rank's events say on their own, on the common clock. ``sync_names``: span
     names the driver recognized as sync points across ranks (``syncpoints.decide_sync_names``).
     ``driver_moves``: the driver moves the rank's prepared candidates onto the common clock
-    itself (``pipeline._moved_candidates``): where they are those, none come back."""
+    itself (``pipeline._movable_candidates``): where they are those, none come back."""
     t0 = _clock()
     _maybe_die("rank", rank)
     events = rank_events(store, rank)
