@@ -112,7 +112,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     timelines = _concat([r.timelines for r in rr], None)
     windows = _concat([r.windows for r in rr], None)
     extents = _concat([r.extents for r in rr], None)
-    if early is not None and all(r.candidates is None for r in rr if r.rank in moved):
+    if early is not None and all(r.candidates is None if r.rank in moved else r.candidates is None or not len(r.candidates)
+                                 for r in rr):
         instances, matched, arrivals, sync_points = early  # every rank's candidates were the moved ones
     else:  # a rank dropped events after all (or nothing was moved): its candidates came back
         moved = moved or {}
