@@ -442,10 +442,11 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     acc = acc_excess.rows
     is_gpu = acc["category"].to_numpy(np.int64) == _category_code(acc_excess, ph_mod.GPU_CATEGORY)
     acc_rank, acc_ns = acc["rank"].to_numpy(np.int64), acc["excess_ns"].to_numpy(np.int64)
-    at = _positions(out.index.to_numpy(np.int64), acc_rank)  # -1: a rank not listed
+    listed = out.index.to_numpy(np.int64)  # sorted, distinct (``plan.ranks``)
+    listed_row, at = ph_mod._window_positions(acc_rank, listed, listed)  # each row's rank's position
     for col, mask in (("host_excess_ns", ~is_gpu), ("gpu_excess_ns", is_gpu)):
         sums = np.zeros(len(out), np.int64)  # per listed rank (0 for none), int64 as the rows
-        mask = mask & (at >= 0)
+        mask = mask & listed_row
         np.add.at(sums, at[mask], acc_ns[mask])  # a groupby of millions of rows: 0.1 s each
         out[col] = sums
     top = _top_causes(acc_excess)
@@ -529,24 +530,6 @@ def _lower_scale(v: np.ndarray) -> float:
         return 0.0
     q10, q40 = np.quantile(v, [0.10, 0.40])
     return float((q40 - q10) / 1.0283)
-
-
-def _positions(listed: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per value its position in ``listed`` (distinct ranks), -1 where it is not there: a table
-    lookup where the ranks are small (a binary search of millions of values costs ~0.1 s)."""
-    out = np.full(values.size, -1, np.int64)
-    if not listed.size or not values.size:
-        return out
-    lo, hi = int(min(listed.min(), values.min())), int(max(listed.max(), values.max()))
-    if hi - lo < 1 << 22:
-        table = np.full(hi - lo + 1, -1, np.int64)
-        table[listed - lo] = np.arange(listed.size)
-        return table[values - lo]
-    order = np.argsort(listed, kind="stable")
-    j = np.minimum(np.searchsorted(listed[order], values), listed.size - 1)
-    hit = listed[order][j] == values
-    out[hit] = order[j[hit]]
-    return out
 
 
 def _summed_by_key(key: np.ndarray, ns: np.ndarray, cat: np.ndarray) -> tuple[np.ndarray, ...]:
