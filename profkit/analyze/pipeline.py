@@ -82,11 +82,12 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     say(f"aligned {len(ranks)} rank(s); analyzing each rank")
     # map 2 + reduce: per-rank facts on the common clock, then who arrived last where; the
     # collective instances are matched here meanwhile where the driver can move the candidates
+    rank_alignments = {r: stages.rank_alignment(alignment, r) for r in ranks} if alignment is not None else {}
     ranking = ex.submit(stages.rank_task,
-                        [(r, stages.rank_alignment(alignment, r) if alignment is not None else None, chosen,
-                          step_pattern, store, keep_aligned, sync_names, movable is not None and r in movable)
-                         for r in ranks], labels)
-    moved = _moved(movable, alignment) if movable is not None else None
+                        [(r, rank_alignments.get(r), chosen, step_pattern, store, keep_aligned, sync_names,
+                          movable is not None and r in movable) for r in ranks], labels)
+    moved = _moved(movable, rank_alignments) if movable is not None else None
+    del rank_alignments
     del movable
     early = _collectives([c for c in moved.values() if len(c)]) if moved is not None else None
     rr = ranking.results()
@@ -249,9 +250,10 @@ def _movable_candidates(prep: list, alignment: Alignment | None, sync_names: dic
     return raw if can and raw else None
 
 
-def _moved(movable: dict, alignment: Alignment) -> dict:
-    """``_movable_candidates`` on the common clock, as ``rank_task`` moves them (per rank)."""
-    return {r: apply_alignment(c, stages.rank_alignment(alignment, r)) for r, c in movable.items()}
+def _moved(movable: dict, rank_alignments: dict[int, Alignment]) -> dict:
+    """``_movable_candidates`` on the common clock, as ``rank_task`` moves them (with each rank's
+    ``stages.rank_alignment``, the one its task was given)."""
+    return {r: apply_alignment(c, rank_alignments[r]) for r, c in movable.items()}
 
 
 def _collectives(cands: list[pd.DataFrame]) -> tuple:
