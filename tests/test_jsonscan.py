@@ -254,9 +254,54 @@ ROW = '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "pid": 0, 
     '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "x": ' + "[" * 70 + "]" * 70 + "}",  # deep
 ])
 def test_pieces_the_scanner_declines_decode_as_before(text, kernel):
-    data = _piece([ROW, text])
-    assert type(scanned.decode(memoryview(data))) is not scanned.ScannedPiece
-    assert scanned.decode(memoryview(data)) == decode_piece(memoryview(data))
+    """An element the scanner declines, at the head, in the middle or at the tail of a piece (or
+    many of them: past ``MAX_DECLINED`` the rest of the piece is decoded as one): the piece reads
+    as the same rows, counts and warnings as the typed decoder makes of it whole; the elements
+    around it are still scanned."""
+    many = [ROW, text] * (scanned.MAX_DECLINED + 2)
+    for events in ([ROW, text], [text, ROW], [ROW, text, ROW, ROW], [text, text, ROW, text], many):
+        data = _piece(events)
+        got = scanned.decode(memoryview(data))
+        assert type(got) is not scanned.ScannedPiece
+        assert _rows_of(got) == _rows_of(decode_piece(memoryview(data)))
+        if type(got) is scanned.SplitPiece:
+            kinds = [type(p) is scanned.ScannedPiece for p in got.parts]
+            assert kinds[0] == (events[0] == ROW) and True in kinds
+            assert sum(p.rows for p in got.parts if type(p) is scanned.ScannedPiece) >= 1
+
+
+def _rows_of(decoded) -> tuple:
+    """The rows, skip counts and warnings ``EventColumns`` makes of one decoded piece."""
+    from profkit.ingest.kineto import kineto_spec
+    from profkit.ingest.traceevents import EventColumns
+
+    cols = EventColumns(kineto_spec)
+    cols.add(decoded)
+    table, _, dropped = cols.table("kineto", 0, [])
+    return table.to_pylist(), dict(cols.skipped), dropped
+
+
+def test_declined_elements_keep_their_bytes(kernel):
+    """A declined element cut inside one of its strings (the cut pattern ``},{`` in a name, with
+    spaces) or nested objects: what follows is declined with it, so it decodes from its own bytes,
+    never re-joined; a stretch that is not JSON declines the whole piece (None, as before)."""
+    tricky = [
+        '{"ph": "i", "cat": "cpu_instant_event", "name": "a} ,  {b", "ts": 1.5}',
+        '{"ph": "M", "name": "x", "pid": 1, "args": {"l": [{"a": 1} , {"ph": "X"}]}}',
+    ]
+    # a row nested in a declined element: scanned as one of its own after a cut in the list, then
+    # what follows it is no separator (or a run that is not JSON): the piece is decoded whole
+    nested = ['{"ph": "M", "name": "x", "pid": 1, "args": {"l": [{"a": 1}, ' + ROW + "]}}",
+              '{"ph": "M", "name": "x", "pid": 1, "args": {"l": [{"a": 1}, ' + ROW + ', {"b": 2}]}}']
+    for text in tricky + nested:
+        for events in ([ROW, text, ROW], [text, ROW], [ROW, text]):
+            data = _piece(events)
+            got = scanned.decode(memoryview(data))
+            assert type(got) is (scanned.SplitPiece if text in tricky else list)
+            assert _rows_of(got) == _rows_of(decode_piece(memoryview(data)))
+    names = [r["name"] for r in _rows_of(scanned.decode(memoryview(_piece([ROW, tricky[0], ROW]))))[0]]
+    assert names == ["k", "a} ,  {b", "k"]
+    assert scanned.decode(memoryview(_piece([ROW, tricky[0][:-1] + ",}", ROW]))) is None
 
 
 @pytest.mark.parametrize("text", [
@@ -446,3 +491,36 @@ def test_a_large_json_trace_builds_the_scanner_first_and_says_so(monkeypatch, tm
     (tmp_path / "native" / f"{scanbuild._name()}.failed").unlink()
     scanned.build_for([big], said.append)
     assert builds == [1]
+
+
+def test_a_built_scanner_is_loaded_before_the_workers_fork(monkeypatch, tmp_path):
+    """``build_for`` (the driver, before a pool forks) loads a scanner built ahead of time, for small
+    files too, so forked workers have it; where none is built it loads nothing (never numba's JIT:
+    ~100 MB the driver would keep)."""
+    import types
+
+    from profkit.ingest import scanbuild
+
+    small = tmp_path / "r0.json.gz"
+    small.write_bytes(b"\x1f\x8b" + bytes(998))
+    built = types.SimpleNamespace(scan_piece=object(), gather_into=object())
+    for module in (None, built):
+        monkeypatch.setattr(scanned, "_KERNEL", {})
+        monkeypatch.setattr(scanbuild, "compiled", lambda module=module: module)
+        monkeypatch.setattr(scanbuild, "build", lambda: pytest.fail("a small file never builds the scanner"))
+        scanned.build_for([small])
+        assert scanned._KERNEL == ({} if module is None else {"scan": built.scan_piece, "gather": built.gather_into,
+                                                                "threads": False})
+
+
+def test_preload_imports_the_readers_the_files_need(monkeypatch, tmp_path):
+    """``readers.preload``: the reader modules for the files' endings are imported (forked workers
+    inherit them), not the others."""
+    import sys
+
+    from profkit.ingest import readers
+
+    for name in ("profkit.ingest.kineto", "profkit.ingest.nsys"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    readers.preload([tmp_path / "r0.pt.trace.json.gz"])
+    assert "profkit.ingest.kineto" in sys.modules and "profkit.ingest.nsys" not in sys.modules

@@ -7,10 +7,11 @@ validates the JSON grammar, and writes the fields the reader uses into arrays: s
 ``cat`` and ``name`` strings, the numbers of ``ts``/``dur``, the ids (``pid``, ``tid``, and from
 ``args`` ``device``, ``stream``, ``correlation``). It releases the GIL.
 
-It only takes what it can read exactly; ``scan_piece`` says ``DEFER`` for anything else and the
-caller decodes that piece the usual way (``typedjson.decode_piece``), so results are the same
-by construction wherever the scanner declines. A piece is scanned when every element is an
-object whose ``ph`` is ``X`` (a row) or a flow (``s``/``t``/``f``, only counted), with, on rows:
+It only takes what it can read exactly; ``scan_piece`` says ``DEFER`` for anything else, and
+where: the caller decodes the elements it declines the usual way (``typedjson.decode_piece``) and
+scans on after them (``scanned.decode``), so results are the same by construction wherever the
+scanner declines. An element is scanned when it is an object whose ``ph`` is ``X`` (a row) or
+a flow (``s``/``t``/``f``, only counted), with, on rows:
 ``cat`` and ``name`` strings without escapes, ``ts`` and ``dur`` numbers, ``pid``/``tid`` and the
 three id args integers of at most 18 digits or null, ``args`` an object (or missing), and no
 key given twice or written with escapes. A row whose args hold ``Collective name`` or ``bytes``
@@ -417,8 +418,10 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
     kind (``V_*``) and two values (a string's span, or an integer's value).
 
     Fills ``ints`` (N_INT_COLUMNS x capacity) and ``floats`` (2 x capacity: ts, dur) row by row.
-    Returns (status, rows, flows, rare rows): status ``DEFER`` when an element is not of the shapes above,
-    the JSON is invalid, or the rows do not fit."""
+    Returns (status, rows, flows, rare rows, at): status ``DEFER`` when an element is not of the shapes
+    above, the JSON is invalid, or the rows do not fit; ``at``: where the element it declined starts
+    (every element before it is counted in rows and flows; -1 where it stopped between elements: a
+    bad separator or something other than an object; the caller declines the whole piece then)."""
     pow10 = _POW10
     cap = ints.shape[1]
     n_rare = 0
@@ -426,10 +429,10 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
     flows = 0
     i = _ws(b, lo, hi)
     if i == hi:
-        return OK, 0, 0, 0
+        return OK, 0, 0, 0, -1
     while True:
         if i >= hi or b[i] != 123:
-            return DEFER, rows, flows, n_rare
+            return DEFER, rows, flows, n_rare, -1
         ev_s = i
         i = _ws(b, i + 1, hi)
         seen = 0  # bit per field
@@ -442,50 +445,50 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
         corr_null = dev_null = stream_null = True
         aseen = 0
         if i < hi and b[i] == 125:
-            return DEFER, rows, flows, n_rare  # {}: no phase
+            return DEFER, rows, flows, n_rare, ev_s  # {}: no phase
         while True:
             ks, ke, i = _member(b, i, hi)
             if i < 0:
-                return DEFER, rows, flows, n_rare
+                return DEFER, rows, flows, n_rare, ev_s
             field = _key(b, ks, ke)
             if field != 0:
                 bit = 1 << field
                 if seen & bit:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 seen |= bit
             c = b[i]
             if field == 1:  # ph
                 if c != 34:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 s = i + 1
                 i, esc = _string(b, i, hi)
                 if i != s + 2 or esc:  # one character
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 p = b[s]
                 if p == 88:
                     ph = 1
                 elif p == 115 or p == 116 or p == 102:
                     ph = 2
                 else:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
             elif field == 2 or field == 3:  # cat, name
                 if c != 34:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 s = i + 1
                 i, esc = _string(b, i, hi)
                 if i < 0 or esc:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 if field == 2:
                     cat_s, cat_e = s, i - 1
                 else:
                     name_s, name_e = s, i - 1
             elif field == 4 or field == 5:  # ts, dur
                 if not (c == 45 or 48 <= c <= 57):
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 s = i
                 i, kind, iv, fv = _number(b, i, hi, pow10)
                 if kind == _BAD:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 if kind == _INT:
                     fv = float(iv)
                 if field == 4:
@@ -499,14 +502,14 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
             elif field == 6 or field == 7:  # pid, tid
                 i, iv, null = _id(b, i, hi, pow10)
                 if i < 0:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 if field == 6:
                     pid, pid_null = iv, null
                 else:
                     tid, tid_null = iv, null
             elif field == 8:  # args
                 if c != 123:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
                 i = _ws(b, i + 1, hi)
                 if i < hi and b[i] == 125:
                     i += 1
@@ -514,16 +517,16 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                     while True:
                         ks, ke, i = _member(b, i, hi)
                         if i < 0:
-                            return DEFER, rows, flows, n_rare
+                            return DEFER, rows, flows, n_rare, ev_s
                         akey = _arg_key(b, ks, ke)
                         if 1 <= akey <= 3:
                             abit = 1 << akey
                             if aseen & abit:
-                                return DEFER, rows, flows, n_rare
+                                return DEFER, rows, flows, n_rare, ev_s
                             aseen |= abit
                             i, iv, null = _id(b, i, hi, pow10)
                             if i < 0:
-                                return DEFER, rows, flows, n_rare
+                                return DEFER, rows, flows, n_rare, ev_s
                             if akey == 1:
                                 dev, dev_null = iv, null
                             elif akey == 2:
@@ -543,14 +546,14 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                                 va = i + 1
                                 i, esc = _string(b, i, hi)
                                 if i < 0:
-                                    return DEFER, rows, flows, n_rare
+                                    return DEFER, rows, flows, n_rare, ev_s
                                 vb = i - 1
                                 if kind == V_MISSING:
                                     kind = V_ODD if esc else V_STRING
                             elif c == 45 or 48 <= c <= 57:
                                 i, nkind, va, _ = _number(b, i, hi, pow10)
                                 if nkind == _BAD:
-                                    return DEFER, rows, flows, n_rare
+                                    return DEFER, rows, flows, n_rare, ev_s
                                 if kind == V_MISSING:
                                     kind = V_INT if nkind == _INT else V_ODD
                             else:
@@ -562,7 +565,7 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                                 else:
                                     i = _value(b, i, hi, pow10, stack)
                                     if i < 0:
-                                        return DEFER, rows, flows, n_rare
+                                        return DEFER, rows, flows, n_rare, ev_s
                                     kind = V_ODD
                             scratch[0, slot] = kind
                             scratch[1, slot] = va
@@ -570,19 +573,19 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                         else:
                             i = _scalar_or_value(b, i, hi, pow10, stack)
                             if i < 0:
-                                return DEFER, rows, flows, n_rare
+                                return DEFER, rows, flows, n_rare, ev_s
                         i, more = _next_member(b, i, hi)
                         if i < 0:
-                            return DEFER, rows, flows, n_rare
+                            return DEFER, rows, flows, n_rare, ev_s
                         if not more:
                             break
             else:
                 i = _scalar_or_value(b, i, hi, pow10, stack)
                 if i < 0:
-                    return DEFER, rows, flows, n_rare
+                    return DEFER, rows, flows, n_rare, ev_s
             i, more = _next_member(b, i, hi)
             if i < 0:
-                return DEFER, rows, flows, n_rare
+                return DEFER, rows, flows, n_rare, ev_s
             if not more:
                 break
         if ph == 2:
@@ -590,9 +593,9 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
         elif ph == 1:
             # a row needs cat, name, ts and dur (bits 2..5)
             if seen & 0b111100 != 0b111100:
-                return DEFER, rows, flows, n_rare
+                return DEFER, rows, flows, n_rare, ev_s
             if rows >= cap:
-                return DEFER, rows, flows, n_rare
+                return DEFER, rows, flows, n_rare, ev_s
             if pid_null:
                 flags |= F_PID_NULL
             if tid_null:
@@ -634,12 +637,12 @@ def scan_piece(b, lo, hi, ints, floats, rare, scratch, stack):  # pragma: no cov
                 n_rare += 1
             rows += 1
         else:
-            return DEFER, rows, flows, n_rare  # no phase
+            return DEFER, rows, flows, n_rare, ev_s  # no phase
         i = _ws(b, i, hi)
         if i == hi:  # b[hi] is the ']'
-            return OK, rows, flows, n_rare
+            return OK, rows, flows, n_rare, -1
         if b[i] != 44:
-            return DEFER, rows, flows, n_rare
+            return DEFER, rows, flows, n_rare, -1
         i = _ws(b, i + 1, hi)
 
 

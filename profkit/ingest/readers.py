@@ -86,6 +86,14 @@ def sniff(path: Path) -> str:
     raise TraceError(path, "unknown format: not JSON, gzip'd JSON or an Nsight Systems SQLite export")
 
 
+def preload(paths: list[Path]) -> None:
+    """Import the readers the files' endings call for, once, in a process about to fork a pool's
+    workers: each worker would otherwise import them on its first file (~20 ms)."""
+    for r in READERS:
+        if any(p.name.endswith(r.suffixes) for p in paths):
+            r.reader()
+
+
 def read_parts(path: Path, kind: str, pid_to_rank: dict[int, int] | None = None) -> list[RankPart]:
     """Parse one file of a known kind (no cache: ``loader.read_file`` is the way in)."""
     r = BY_KIND.get(kind)

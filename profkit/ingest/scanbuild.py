@@ -30,7 +30,7 @@ from profkit.native import DIR_ENV  # noqa: F401 - read as scanbuild.DIR_ENV
 _SOURCES = (Path(__file__).with_name("jsonscan.py"), Path(__file__).with_name("scanned.py"))
 # the exported functions' signatures: see jsonscan (arrays made by scanned.new_outputs and _strings)
 SIGNATURES = {
-    "scan_piece": "UniTuple(i8, 4)(u1[::1], i8, i8, i8[:, ::1], f8[:, ::1], i8[:, ::1], i8[:, ::1], u1[::1])",
+    "scan_piece": "UniTuple(i8, 5)(u1[::1], i8, i8, i8[:, ::1], f8[:, ::1], i8[:, ::1], i8[:, ::1], u1[::1])",
     "gather_into": "void(u1[::1], i8[::1], i8[::1], u1[::1])",
 }
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,14 @@ class ScannedPiece:
     odd_events: list  # their events, decoded alone by ``decode_piece`` (structs or dicts)
 
 
+@dataclass
+class SplitPiece:
+    """A piece the scanner read but for some of its elements: its ScannedPieces and the lists of the
+    elements it declined (decoded alone by ``decode_piece``), in file order."""
+
+    parts: list
+
+
 def min_file_bytes() -> int:
     """``MIN_FILE_BYTES``, or the ``PROFKIT_SCAN_MIN_BYTES`` environment variable's value (0: the
     scanner for every file, when many middling files are read in one process)."""
@@ -174,18 +183,21 @@ def build_for(paths: Iterable[Path], progress: Callable[[str], None] | None = No
     """Build the scanner before reading ``paths`` when one of them is a JSON trace large enough to
     need it and it is not built yet: once per machine, saying so (a first ``profkit analyze``
     otherwise sits ~20 s in its first large file without a word), and in this process, before a
-    pool's workers start (each would wait on the build's lock)."""
+    pool's workers start (each would wait on the build's lock). A scanner built ahead of time is
+    loaded here too (~3 ms), so forked workers have it from the start."""
     if not available():
         return
     sizes = [file_size(path) for path in paths if path.name.endswith((".json", ".json.gz"))]
-    if max(sizes, default=0) < min_file_bytes():
+    if not sizes:
         return
     from profkit.ingest import scanbuild
 
-    if scanbuild.pending():
+    if max(sizes) >= min_file_bytes() and scanbuild.pending():
         if progress:
             progress("building profkit's compiled JSON scanner (once per machine, ~20 s)")
         scanbuild.build()
+    if scanbuild.compiled() is not None:  # never numba's JIT here: ~100 MB the driver would keep
+        _kernels(None)
 
 
 def file_size(path: Path) -> int:
@@ -236,16 +248,65 @@ def release() -> None:
 
 
 def decode(view: Any) -> Any:
-    """A piece (``[`` ... ``]``, as ``TraceJSON.chunks`` hands it): a ScannedPiece, or what
-    ``decode_piece`` makes of it where the scanner declines."""
+    """A piece (``[`` ... ``]``, as ``TraceJSON.chunks`` hands it): a ScannedPiece; a SplitPiece where
+    the scanner declines some of its elements (Kineto's metadata at the head of a trace, its instant
+    events at the tail: each a piece of its own otherwise, decoded whole the slow way); or what
+    ``decode_piece`` makes of the whole piece where that is not worth it or not sound (bytes that
+    are not JSON: the chunker then cuts elsewhere)."""
     b = np.frombuffer(view, np.uint8)
     hi = len(b) - 1
     if hi < 1:
         return decode_piece(view)
-    ints, floats, rare, scratch, stack = _outputs(hi)
-    status, rows, flows, n_rare = _KERNEL["scan"](b, 1, hi, ints, floats, rare, scratch, stack)
-    if status != OK:
-        return decode_piece(view)
+    parts: list = []
+    lo = 1  # the bytes before it are in parts, or in the declined span
+    declined: tuple[int, int] | None = None  # elements declined since the last scanned ones (their bytes)
+    done = False
+    for _ in range(MAX_DECLINED):
+        if len(parts) >= MAX_PARTS:
+            break  # a scanned piece costs ~30 array calls: elements declined all over, the rest as one
+        ints, floats, rare, scratch, stack = _outputs(hi)
+        status, rows, flows, n_rare, at = _KERNEL["scan"](b, lo, hi, ints, floats, rare, scratch, stack)
+        if status != OK and at < 0:
+            return decode_piece(view)  # stopped between elements (a bad separator, not an object)
+        if rows or flows or (status == OK and not parts and declined is None):  # (no element: a piece of no row)
+            if declined is not None:
+                parts.append(_declined(view, declined))
+                declined = None
+            parts.append(_scanned(b, ints, floats, rare, rows, flows, n_rare))
+        if status == OK:
+            done = True
+            break
+        # the element at ``at`` ends where the next one starts (a cut inside one of its strings or
+        # nested objects: what follows is declined too, so the span stays the original bytes)
+        m = _CUT.search(view, at, hi)
+        start = at if declined is None else declined[0]
+        if m is None:
+            declined, done = (start, hi), True
+            break
+        declined, lo = (start, m.start() + 1), m.end() - 1
+    if not done:  # declined too often, or in too many places: the rest as one span
+        declined = (lo if declined is None else declined[0], hi)
+    if declined is not None:
+        parts.append(_declined(view, declined))
+    if any(p is None for p in parts):
+        return decode_piece(view)  # not JSON where cut, or rows to drop: the whole piece, the usual way
+    return parts[0] if len(parts) == 1 else SplitPiece(parts)
+
+
+MAX_DECLINED = 64  # elements of one piece declined one by one at most; the rest of the piece is decoded as one
+MAX_PARTS = 16  # scanned and declined stretches of one piece at most; the rest of it is decoded as one
+_CUT = re.compile(rb"\}\s*,\s*\{")  # between two elements (or inside one: see ``decode``)
+
+
+def _declined(view: Any, span: tuple[int, int]) -> list | None:
+    """The declined elements in ``view[span]`` (whole elements with their separators), decoded."""
+    a, z = span
+    return decode_piece(b"[" + bytes(view[a:z]) + b"]") if z > a else []
+
+
+def _scanned(b: np.ndarray, ints: np.ndarray, floats: np.ndarray, rare: np.ndarray, rows: int, flows: int,
+             n_rare: int) -> ScannedPiece | None:
+    """The ScannedPiece of the scanner's ``rows`` rows (None: a value left to the per-event path)."""
     ints = ints[:, :rows]
     flags = ints[C_FLAGS].copy()
     start_us, dur_us = floats[0, :rows].copy(), floats[1, :rows].copy()
@@ -258,16 +319,16 @@ def decode(view: Any) -> Any:
                 values[slow] = pc.cast(_strings(b, ints[s, slow], ints[e, slow]), pa.float64()).to_numpy()
         with np.errstate(invalid="ignore"):
             if not bool(((np.abs(start_us) < US_LIMIT) & (dur_us >= 0) & (dur_us < US_LIMIT)).all()):
-                return decode_piece(view)  # rows to drop: the per-event path counts and names them
+                return None  # rows to drop: the per-event path counts and names them
         colls, odd_rows = _coll_args(b, rare[:, :n_rare])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a string that is not UTF-8, a number Arrow rejects
-        return decode_piece(view)
+        return None
     odd_events: list = []
     if odd_rows.size:
         starts, ends = ints[C_EV_S, odd_rows], ints[C_EV_E, odd_rows]
         odd_events = decode_piece(b"[" + b",".join(b[s:e].tobytes() for s, e in zip(starts, ends)) + b"]") or []
         if len(odd_events) != odd_rows.size:
-            return decode_piece(view)
+            return None
     return ScannedPiece(rows, flows, cats, names, start_us, dur_us, ints[C_PID].copy(), ints[C_TID].copy(),
                         ints[C_CORR].copy(), ints[C_DEV].copy(), ints[C_STREAM].copy(), flags, colls, odd_rows,
                         odd_events)

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from profkit import schema as S
 from profkit.ingest.collectives import as_int, coll_from_args, coll_from_kernel, dtype_bytes, normalize_coll_name
 from profkit.ingest.scanned import (F_CORR_NULL, F_DEV_NULL, F_PID_NULL, F_STREAM_NULL, F_TID_NULL, CollArgs,
-                                    ScannedPiece)
+                                    ScannedPiece, SplitPiece)
 from profkit.ingest.typedjson import FLOW_TYPES, UNSET, TraceArgs, TraceEvent, event_dict, is_typed
 
 Spec = tuple[str, bool]  # (kind, is_device_event)
@@ -171,9 +171,14 @@ class EventColumns:
 
     def add(self, events: Any) -> None:
         """Take one chunk of events (dicts, or ``typedjson.TraceEvent`` structs: one piece is all
-        one or all the other, or a ``scanned.ScannedPiece``); afterwards the caller may drop them."""
+        one or all the other, or a ``scanned.ScannedPiece`` or ``SplitPiece``); afterwards the caller
+        may drop them."""
         if type(events) is ScannedPiece:
             self._add_scanned(events)
+            return
+        if type(events) is SplitPiece:  # its parts in order, each as the piece it would be alone
+            for part in events.parts:
+                self.add(part)
             return
         if is_typed(events):
             self._rows_typed(events)

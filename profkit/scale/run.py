@@ -18,7 +18,7 @@ from profkit.analyze import stages
 from profkit.analyze.pipeline import prepare_ranks, run_stages
 from profkit.analyze.result import Analysis
 from profkit.analyze.store import DiskStore
-from profkit.ingest import scanned
+from profkit.ingest import readers, scanned
 from profkit.ingest.loader import Capture, RankMap, describe_parts, discover, resolve_ranks
 from profkit.scale.executors import make_executor
 
@@ -31,6 +31,7 @@ def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say, step_
     """Map over files: read each (cache), resolve ranks over the part descriptors. Returns the capture
     without events, each rank's part keys, the tasks' stats and the parts the read tasks prepared."""
     scanned.build_for(files, say)  # here, once, before the workers start
+    readers.preload(files)  # forked workers inherit them
     say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
     read = ex.map(stages.read_file_task,
                   [(i, str(f), rank_map.pids_for_file(f) or None, store, step_pattern, True) for i, f in enumerate(files)],
