@@ -143,9 +143,11 @@ def test_real_capture_programs_replay_the_same(folder, monkeypatch, kernel):
     # scenario per block, so the blocks are replayed on threads side by side (both kernels run
     # without the GIL)
     monkeypatch.setattr(rp, "MIN_COMPILED_ROUNDS", 1)
-    monkeypatch.setattr(imp, "SCENARIO_BLOCK_BYTES", 1)
     assert rp.kernel_kind(g) == kernel and rp.releases_gil(g)
+    halves = imp.what_if(a.impact, scen)  # every scenario fits a block: two even blocks, one a thread
+    monkeypatch.setattr(imp, "SCENARIO_BLOCK_BYTES", 1)
     compiled = imp.what_if(a.impact, scen)
+    pd.testing.assert_frame_equal(compiled, halves)
     monkeypatch.setenv(rp.NO_JIT_ENV, "1")
     pd.testing.assert_frame_equal(compiled, imp.what_if(a.impact, scen))
 

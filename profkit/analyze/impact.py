@@ -260,8 +260,8 @@ def _cuts(g: rp.ReplayGraph, scen: list[Scenario]) -> tuple[np.ndarray, np.ndarr
         drop = wait if share is None else wait & (share >= 0.5)
         col[edge[drop]] = DROP
         if len(scen) > 1:
-            cut[:, j] = col
-            col[edge] = 0  # the only entries this scenario set
+            cut[edge, j] = col[edge]  # the only entries this scenario set (a whole column would write every
+            col[edge] = 0  # row of the matrix once per scenario: most of a small capture's replay)
         removed[j] += int(amount[lane_rows].sum() + ns[drop].sum())
     return cut, node_cut, removed
 
@@ -505,6 +505,10 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
     compiled = rp.compiled(g)
     block_bytes = SCENARIO_BLOCK_BYTES if compiled else NUMPY_BLOCK_BYTES
     per_block = max(1, block_bytes // max(8 * (len(g.edges) + g.n), 1))
+    threads = min(REPLAY_THREADS, os.cpu_count() or 1, len(scen))
+    threads = threads if threads > 1 and rp.releases_gil(g) else 1  # numba's JIT kernel runs without the GIL
+    n_blocks = max(-(-len(scen) // per_block), threads)  # even blocks, at least one per thread
+    per_block = -(-len(scen) // n_blocks)
     replayed = np.zeros((len(st), len(scen)), np.int64)
     removed = np.zeros(len(scen), np.int64)
 
@@ -519,8 +523,7 @@ def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], caus
         return forced
 
     starts = range(0, len(scen), per_block)
-    threads = min(REPLAY_THREADS, os.cpu_count() or 1, len(starts))
-    if threads > 1 and rp.releases_gil(g):  # numba's JIT kernel runs without the GIL: blocks replay side by side
+    if threads > 1:  # blocks replay side by side
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(threads) as pool:
