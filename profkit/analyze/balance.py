@@ -177,20 +177,27 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None,
                         "tokens": facts["num_tokens"].to_numpy(dtype="float64", na_value=np.nan),
                         "batch": facts["batch_size"].to_numpy(dtype="float64", na_value=np.nan)})
     filled = []
+    a_rank = ann["rank"].to_numpy(np.int64)
     for rank, b in base.groupby("rank", sort=False):
-        a = ann[ann["rank"] == rank].sort_values("start_ns")
+        a = ann[a_rank == rank].sort_values("start_ns", kind="stable")
         b = b.sort_values("start_ns")
-        j = np.searchsorted(b["start_ns"].to_numpy(np.int64), a["start_ns"].to_numpy(np.int64), side="right") - 1
-        inside = (j >= 0) & (a["start_ns"].to_numpy(np.int64) < b["end_ns"].to_numpy(np.int64)[np.maximum(j, 0)])
-        for col, src in (("num_tokens", "tokens"), ("batch_size", "batch")):
-            sums = pd.Series(a[src].to_numpy()[inside]).groupby(j[inside]).sum(min_count=1)
-            got = np.full(len(b), np.nan)
-            got[sums.index.to_numpy(np.int64)] = sums.to_numpy(np.float64)
-            found = pd.Series(pd.array(np.rint(got), dtype="Int64"), index=b.index)
-            b = b.assign(**{col: b[col].fillna(found)})
-        filled.append(b)
+        a_start = a["start_ns"].to_numpy(np.int64)
+        j = np.searchsorted(b["start_ns"].to_numpy(np.int64), a_start, side="right") - 1
+        inside = (j >= 0) & (a_start < b["end_ns"].to_numpy(np.int64)[np.maximum(j, 0)])
+        filled.append(b.assign(**{col: b[col].fillna(_summed(a[src].to_numpy(np.float64), j, inside, b.index))
+                                  for col, src in (("num_tokens", "tokens"), ("batch_size", "batch"))}))
     out = pd.concat(filled, ignore_index=True).sort_values(["rank", "step"]).reset_index(drop=True)
     return out[cols]
+
+
+def _summed(values: np.ndarray, step: np.ndarray, inside: np.ndarray, index: pd.Index) -> pd.Series:
+    """Per step (``step``: each value's position in ``index``, where ``inside``): the sum of its
+    values, rounded; missing where it has none that is not NaN (a sum of ``min_count=1``; token
+    counts and batch sizes are whole numbers, so any order of summing gives the same)."""
+    ok = inside & ~np.isnan(values)
+    counts = np.bincount(step[ok], minlength=len(index))
+    sums = np.bincount(step[ok], weights=values[ok], minlength=len(index))
+    return pd.Series(pd.array(np.rint(sums), dtype="Int64"), index=index).where(counts > 0)
 
 
 def dp_imbalance(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:
