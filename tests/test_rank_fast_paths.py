@@ -172,6 +172,11 @@ def test_source_counts_match_the_grouped_strings():
     got, want = sources._source_counts(events), grouped(events)
     pd.testing.assert_frame_equal(got, want, check_index_type=False)
     assert got.index.tolist() == [(0, "kineto"), (0, "profkit"), (1, "kineto"), (1, "nsys")]
+    # ranks far apart (no dense array of every (rank, source) pair: the keys sorted instead), and
+    # ranks that do not start at 0
+    for ranks in ([1, 100_000, 100_000, 1, 100_000, 1, 100_000], [9, 8, 8, 9, 8, 9, 8]):
+        spread = events.assign(rank=np.array(ranks, np.int64))
+        pd.testing.assert_frame_equal(sources._source_counts(spread), grouped(spread), check_index_type=False)
     missing = events.assign(source=pd.array(["kineto", None, "kineto", "nsys", "kineto", "kineto", None],
                                             dtype="string"))
     pd.testing.assert_frame_equal(sources._source_counts(missing), grouped(missing))

@@ -19,6 +19,7 @@ SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP, schema.GC)
 MIN_PAIRS = 3
 PAIR_TOL_NS = 20_000  # the two copies of one span start within a few µs of each other
 MAX_NAMES = 200  # common span names used per source pair (the most frequent)
+DENSE_KEYS = 1 << 16  # (rank, source) pairs up to which ``_source_counts`` counts in an array of them all
 
 SOURCE_COLUMNS = ["rank", "source", "primary", "offset_ns", "n_pairs", "residual_ns", "method"]
 
@@ -76,10 +77,20 @@ def _source_counts(events: pd.DataFrame) -> pd.DataFrame:
     by_text = np.argsort(names, kind="stable")  # sorted position -> code
     pos = np.empty(names.size, np.int64)
     pos[by_text] = np.arange(names.size)
-    key, inv = np.unique(rank * np.int64(names.size) + pos[codes], return_inverse=True)
-    inv = inv.reshape(-1)
-    n = np.bincount(inv, minlength=key.size).astype(np.int64)
-    on_gpu = np.bincount(inv[gpu], minlength=key.size).astype(np.int64)
+    lo = int(rank.min())
+    span = (int(rank.max()) - lo + 1) * names.size
+    if span <= DENSE_KEYS:  # (rank, source) keys counted in place: np.unique would sort every row
+        dense = (rank - lo) * np.int64(names.size) + pos[codes]
+        n_all = np.bincount(dense, minlength=span)
+        key = np.flatnonzero(n_all)
+        n = n_all[key].astype(np.int64)
+        on_gpu = np.bincount(dense[gpu], minlength=span)[key].astype(np.int64)
+        key = key + lo * np.int64(names.size)
+    else:
+        key, inv = np.unique(rank * np.int64(names.size) + pos[codes], return_inverse=True)
+        inv = inv.reshape(-1)
+        n = np.bincount(inv, minlength=key.size).astype(np.int64)
+        on_gpu = np.bincount(inv[gpu], minlength=key.size).astype(np.int64)
     index = pd.MultiIndex.from_arrays([key // names.size, names[by_text[key % names.size]]], names=["rank", "source"])
     return pd.DataFrame({"n": n, "gpu": on_gpu}, index=index)
 
