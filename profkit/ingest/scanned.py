@@ -1,9 +1,10 @@
 """Pieces of an event array read into columns by the compiled scanner (``jsonscan``).
 
 ``decoder()`` gives the piece decoder ``TraceJSON.chunks`` calls: it returns a ``ScannedPiece``
-(columns, no Python object per event) where the scanner reads the piece exactly, and otherwise
-what ``typedjson.decode_piece`` returns for it, so a piece the scanner declines reads as before.
-``EventColumns`` turns a ScannedPiece into the same rows the per-event loop makes
+(columns, no Python object per event) where the scanner reads the piece exactly; a ``SplitPiece``
+where it declines some elements (those go to ``typedjson.decode_piece``, the rest is scanned);
+otherwise what ``decode_piece`` returns for the whole piece, so what the scanner declines reads
+as before. ``EventColumns`` turns a ScannedPiece into the same rows the per-event loop makes
 (``tests/test_jsonscan.py`` reads real and random traces both ways and compares everything).
 
 Without numba (the ``fast`` extra), or with ``PROFKIT_NO_JIT`` set, there is no decoder and the
@@ -49,7 +50,7 @@ F_PID_NULL, F_TID_NULL, F_CORR_NULL, F_DEV_NULL, F_STREAM_NULL, F_TS_SLOW, F_DUR
 N_COLL_ARGS = 7
 A_COLL, A_BYTES, A_GROUP, A_SEQ, A_SEQNUM, A_NELEMS, A_DTYPE = range(N_COLL_ARGS)
 V_MISSING, V_NULL, V_STRING, V_INT, V_ODD = range(5)
-MAX_DEPTH = 64  # values nested deeper: the piece is declined (the decoders' own limits decide)
+MAX_DEPTH = 64  # values nested deeper: the element is declined (the decoders' own limits decide)
 ROW_BYTES = 96  # the least JSON per row the output arrays make room for (``new_outputs``)
 
 
@@ -60,8 +61,9 @@ def rows_for(n_bytes: int) -> int:
 def new_outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
     """The scanner's output arrays for a piece of ``n_bytes``, and its scratch space: made here,
     the compiled code runs without numba's reference counting (``_nrt=False``: no allocation
-    inside). Room for a row per ``ROW_BYTES``: a piece with denser rows is declined (decoded by
-    msgspec), which real traces never have (Kineto's complete events take 150-300 bytes)."""
+    inside). Room for a row per ``ROW_BYTES``: the rows of a denser piece past that are declined
+    (decoded by msgspec), which real traces never have (Kineto's complete events take 150-300
+    bytes)."""
     cap = rows_for(n_bytes)
     return (np.empty((N_INT_COLUMNS, cap), np.int64), np.empty((2, cap), np.float64),
             np.empty((1 + 3 * N_COLL_ARGS, cap), np.int64), np.empty((3, N_COLL_ARGS), np.int64),
