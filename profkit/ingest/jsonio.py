@@ -55,7 +55,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 UTF8_BOM = b"\xef\xbb\xbf"
 
-_CUT = re.compile(rb"\}\s*,\s*\{")  # between two events of the array
+EVENT_CUT = re.compile(rb"\}\s*,\s*\{")  # between two events of the array (or inside one: a parse verifies)
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
 _MAX_RETRIES = 4
@@ -420,7 +420,7 @@ class TraceJSON:
                 n = self._fill(view, n, want)
                 if self._eof and n <= chunk_bytes:
                     break
-                m = _CUT.search(buf, 1 + chunk_bytes, 1 + n)
+                m = EVENT_CUT.search(buf, 1 + chunk_bytes, 1 + n)
                 events = None
                 for _ in range(_MAX_RETRIES):
                     if m is None:
@@ -428,7 +428,7 @@ class TraceJSON:
                     events = _parse_piece(buf, view, m.start() + 1, decode)
                     if events is not None:
                         break
-                    m = _CUT.search(buf, m.end(), 1 + n)
+                    m = EVENT_CUT.search(buf, m.end(), 1 + n)
                 if events is None:
                     if self._eof:
                         break  # the rest (at most two chunks) is the last chunk

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from profkit.ingest.jsonio import EVENT_CUT
 from profkit.ingest.typedjson import decode_piece
 
 NO_JIT_ENV = "PROFKIT_NO_JIT"  # set (any value): no compiled code, here as in the impact replay
@@ -280,7 +280,7 @@ def decode(view: Any) -> Any:
             break
         # the element at ``at`` ends where the next one starts (a cut inside one of its strings or
         # nested objects: what follows is declined too, so the span stays the original bytes)
-        m = _CUT.search(view, at, hi)
+        m = EVENT_CUT.search(view, at, hi)
         start = at if declined is None else declined[0]
         if m is None:
             declined, done = (start, hi), True
@@ -297,7 +297,6 @@ def decode(view: Any) -> Any:
 
 MAX_DECLINED = 64  # elements of one piece declined one by one at most; the rest of the piece is decoded as one
 MAX_PARTS = 16  # scanned and declined stretches of one piece at most; the rest of it is decoded as one
-_CUT = re.compile(rb"\}\s*,\s*\{")  # between two elements (or inside one: see ``decode``)
 
 
 def _declined(view: Any, span: tuple[int, int]) -> list | None:
