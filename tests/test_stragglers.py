@@ -184,6 +184,33 @@ def test_phase_excess_matches_its_definition(seed, layout, monkeypatch):
                                   want.astype({"phase": object, "category": object}), check_dtype=False)
     monkeypatch.setattr(ph_mod, "MAX_PAIR_ROWS", 7)
     pd.testing.assert_frame_equal(ph_mod.phase_excess(phases, windows, rows), got)
+    monkeypatch.setattr(ph_mod, "_ROW_TABLE_PER_ROW", 0)  # each rank's row found by a search, not in a table
+    pd.testing.assert_frame_equal(ph_mod.phase_excess(phases, windows, rows), got)
+
+
+@pytest.mark.parametrize("repeats", [False, True])
+def test_row_lookup_by_table_and_by_search_agree(repeats, monkeypatch):
+    """``straggler_phases._RowOf``: the row of each asked (group, rank) key, read from a table
+    indexed by key or found by a binary search, the same (found, row) either way; a repeated key
+    (never in summed phase rows) takes the search, which gives its first row."""
+    rng = np.random.default_rng(3)
+    size = 400
+    keys = rng.choice(size, 300, replace=repeats)
+    asked = rng.integers(0, size, 1000)
+    table = ph_mod._RowOf(keys, size)
+    assert (table.table is not None) == (not repeats)
+    monkeypatch.setattr(ph_mod, "_ROW_TABLE_PER_ROW", 0)
+    search = ph_mod._RowOf(keys, size)
+    assert search.table is None
+    for (f1, r1), (f2, r2) in [(table(asked), search(asked))]:
+        np.testing.assert_array_equal(f1, f2)
+        np.testing.assert_array_equal(r1[f1], r2[f2])
+    found, row = search(asked)
+    first = {}
+    for i, k in enumerate(keys.tolist()):
+        first.setdefault(k, i)
+    assert found.tolist() == [k in first for k in asked.tolist()]
+    assert row[found].tolist() == [first[k] for k in asked[found].tolist()]
 
 
 def test_every_rank_equally_slow_is_no_straggler():

@@ -746,11 +746,8 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
     del order, group_key, cc, g_wcode
     pos_in = np.arange(ns.size) - g_first[gid]
     span = int(max(pr.max(), want["rank"].to_numpy(np.int64).max())) + 1
-    own_key = gid * np.int64(span) + pr
+    own_row_of = _RowOf(gid * np.int64(span) + pr, g_first.size * span)
     del gid, pr
-    by_key = np.argsort(own_key, kind="stable")
-    own_sorted = own_key[by_key]
-    del own_key
     # each wanted (window, rank) meets its window's groups, a contiguous range of them
     want_r = want["rank"].to_numpy(np.int64)
     lo = np.searchsorted(g_w, want_w, side="left")
@@ -772,12 +769,7 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
         g = np.repeat(lo[a:b] - np.cumsum(k) + k, k) + np.arange(total)
         r = want_r[wi]
         del wi
-        key = g * np.int64(span) + r
-        j_ok = np.minimum(np.searchsorted(own_sorted, key), own_sorted.size - 1)
-        found = own_sorted[j_ok] == key
-        del key
-        own_row = by_key[j_ok]
-        del j_ok
+        found, own_row = own_row_of(g * np.int64(span) + r)
         own_ns = np.where(found, ns[own_row], 0)
         n = g_n[g]
         z = n - g_k[g]  # participants without the phase: zeros, sorted first
@@ -800,6 +792,38 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
     if not bounds[-1]:
         return _empty_coded(names, categories)
     return CodedExcess(pd.DataFrame(cols, copy=False), names, categories)
+
+
+class _RowOf:
+    """The row of each (group, rank) key among ``keys`` (one per row; a key appears at most once
+    where the phase rows are summed per window, rank and phase, as ``rank_window_phases`` makes
+    them): ``(found, row)`` of asked keys, row 0 where not found. A table indexed by key where the
+    keys' range (``size``: groups x ranks) is at most ``_ROW_TABLE_PER_ROW`` times the rows
+    (a few int32 per row: every rank has most phases in most windows), else a binary search in
+    the keys sorted once (where a key repeats: its first row)."""
+
+    def __init__(self, keys: np.ndarray, size: int) -> None:
+        self.table = None
+        if keys.size and size <= _ROW_TABLE_PER_ROW * keys.size and keys.size < np.iinfo(np.int32).max:
+            table = np.full(size, -1, np.int32)
+            table[keys] = np.arange(keys.size, dtype=np.int32)
+            if int(np.count_nonzero(table >= 0)) == keys.size:  # no key repeats (else: the search below)
+                self.table = table
+                return
+            del table
+        self.by_key = np.argsort(keys, kind="stable")
+        self.sorted = keys[self.by_key]
+
+    def __call__(self, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.table is not None:
+            row = self.table[key].astype(np.int64)
+            found = row >= 0
+            return found, np.maximum(row, 0)
+        j = np.minimum(np.searchsorted(self.sorted, key), self.sorted.size - 1)
+        return self.sorted[j] == key, self.by_key[j]
+
+
+_ROW_TABLE_PER_ROW = 4
 
 
 def _counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
