@@ -240,6 +240,34 @@ def test_build_graph_consuming_the_programs_builds_the_same_graph():
     assert consumed.work.size > 0
 
 
+def test_phases_as_categories_build_the_same_graph():
+    """Programs read back from the store carry their phases as a category (``stages.load_program``):
+    ``build_graph`` stacks the ranks' categories and codes them without a string per row. The
+    work's codes and names are the ones the object strings give (first appearance over the
+    ranks, each rank with its own categories), and a mix of both kinds takes the object path."""
+    pre = steady(3, 4, [("schedule", 2 * MS), ("prepare", MS)])
+    pre[1][2] = [("schedule", 9 * MS), ("gc", 3 * MS)]
+    hp, sy, st, gp = Mini(pre, steady(3, 4, [("update", MS)]), launches=5).run()
+
+    def programs(kinds):
+        out = [prog.rank_program(r, sy, st, hp, gp[r], prog.ph_mod._empty_pieces()) for r in range(3)]
+        for p, kind in zip(out, kinds):
+            if kind == "category":  # as the store gives it back: the rank's own (sorted) categories
+                p.work = p.work.assign(phase=pd.Categorical(p.work["phase"].to_numpy(dtype=object)))
+        return out
+
+    plain = rp.build_graph(programs(["object"] * 3))
+    assert plain.work.names.size >= 3
+    for kinds in (["category"] * 3, ["category", "object", "category"]):
+        g = rp.build_graph(programs(kinds), consume=True)
+        for name in ("rank", "edge", "step", "lane", "code", "ns", "names"):
+            np.testing.assert_array_equal(getattr(g.work, name), getattr(plain.work, name), err_msg=f"{kinds} {name}")
+    stacked = rp._stacked_text([pd.Series(pd.Categorical(["b", "a", "b"])), pd.Series(pd.Categorical(["c", "a"]))])
+    assert isinstance(stacked.dtype, pd.CategoricalDtype)
+    codes, names = rp._factorized(stacked)
+    assert codes.tolist() == [0, 1, 0, 2, 1] and names.tolist() == ["b", "a", "c"]
+
+
 def test_straggler_free_and_spike_free_bounds():
     pre = steady(4, 6, [("schedule", 2 * MS)])
     pre[2][1] = [("schedule", 12 * MS)]  # rank 2 slow once

@@ -61,7 +61,7 @@ class WorkArrays:
 
     @classmethod
     def of(cls, work: pd.DataFrame) -> "WorkArrays":
-        codes, names = pd.factorize(work["phase"].to_numpy(dtype=object)) if len(work) else (np.empty(0, np.int64), [])
+        codes, names = _factorized(work["phase"]) if len(work) else (np.empty(0, np.int64), [])
         return cls(rank=work["rank"].to_numpy(np.int64), edge=work["gedge"].to_numpy(np.int64),
                    step=work["step"].to_numpy(np.int64), lane=work["lane"].to_numpy(np.int64),
                    code=np.asarray(codes, np.int64), ns=work["ns"].to_numpy(np.int64),
@@ -176,11 +176,33 @@ def build_graph(programs: list[prog.RankProgram], consume: bool = False) -> Repl
 
 
 def _stack(frames: list[pd.DataFrame], columns: list[str], text: tuple[str, ...] = ()) -> pd.DataFrame:
-    """The ranks' program tables one after the other, every column int64 (``text`` ones object):
-    column by column, not through ``pd.concat`` of millions of rows per table."""
-    cols = {c: (pd.Series(np.concatenate([f[c].to_numpy(dtype=object) for f in frames]), dtype=object, copy=False)
-                if c in text else np.concatenate([f[c].to_numpy(np.int64) for f in frames])) for c in columns}
+    """The ranks' program tables one after the other, every column int64 (``text`` ones object,
+    or a category where every rank's is one: ``_stacked_categories``): column by column, not
+    through ``pd.concat`` of millions of rows per table."""
+    cols = {c: (_stacked_text([f[c] for f in frames]) if c in text
+                else np.concatenate([f[c].to_numpy(np.int64) for f in frames])) for c in columns}
     return pd.DataFrame(cols, copy=False)  # object stays object (not inferred as "str": it is coded next)
+
+
+def _stacked_text(columns: list[pd.Series]) -> pd.Series:
+    """A text column of every rank, one after the other: a category where each rank's is one
+    without missing values (programs read back from the store: ``stages.load_program``; each
+    rank's categories mapped onto their union, no string touched per row), else object."""
+    if columns and all(isinstance(c.dtype, pd.CategoricalDtype) and not (c.array.codes < 0).any() for c in columns):
+        cats = [np.asarray(c.array.categories, dtype=object) for c in columns]
+        union = pd.Index(np.concatenate(cats), dtype=object).unique()
+        codes = np.concatenate([union.get_indexer(k)[c.array.codes] for k, c in zip(cats, columns)])
+        return pd.Series(pd.Categorical.from_codes(codes, categories=union), copy=False)
+    return pd.Series(np.concatenate([c.to_numpy(dtype=object) for c in columns]), dtype=object, copy=False)
+
+
+def _factorized(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize`` of a text column's strings (codes in order of first appearance): of a
+    category's codes where it is one (the same codes and names, without hashing a string a row)."""
+    if isinstance(text.dtype, pd.CategoricalDtype) and not (text.array.codes < 0).any():
+        codes, first = pd.factorize(text.array.codes.astype(np.int64))
+        return codes, np.asarray(text.array.categories, dtype=object)[first]
+    return pd.factorize(text.to_numpy(dtype=object))
 
 
 def _slot_in_group(keys: np.ndarray) -> np.ndarray:

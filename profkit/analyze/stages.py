@@ -484,17 +484,14 @@ def _put_program(store, program: "impact_program.RankProgram") -> None:
 
 def load_program(store, program: "impact_program.RankProgram") -> "impact_program.RankProgram":
     """The program ``impact_task`` returned with its tables read back from the store (and dropped
-    there); one whose tables came with it is returned as it is."""
+    there); one whose tables came with it is returned as it is. Phases stay a category (the
+    replay graph stacks and codes them as such: ``impact_replay._stacked_text``)."""
     if program.nodes is not None:
         return program
     for table in _PROGRAM_TABLES:
         key = _program_key(program.rank, table)
         frame = store.get(key)
         store.drop(key)
-        if "phase" in frame:
-            cat = frame["phase"].array
-            frame["phase"] = pd.Series(np.asarray(cat.categories, dtype=object)[cat.codes] if len(cat) else [],
-                                       dtype=object, index=frame.index)
         setattr(program, table, frame)
     return program
 
