@@ -177,7 +177,7 @@ def build_graph(programs: list[prog.RankProgram], consume: bool = False) -> Repl
 
 def _stack(frames: list[pd.DataFrame], columns: list[str], text: tuple[str, ...] = ()) -> pd.DataFrame:
     """The ranks' program tables one after the other, every column int64 (``text`` ones object,
-    or a category where every rank's is one: ``_stacked_categories``): column by column, not
+    or a category where every rank's is one: ``_stacked_text``): column by column, not
     through ``pd.concat`` of millions of rows per table."""
     cols = {c: (_stacked_text([f[c] for f in frames]) if c in text
                 else np.concatenate([f[c].to_numpy(np.int64) for f in frames])) for c in columns}

@@ -797,10 +797,11 @@ def coded_phase_excess(phases: pd.DataFrame, p_codes: np.ndarray, c_codes: np.nd
 class _RowOf:
     """The row of each (group, rank) key among ``keys`` (one per row; a key appears at most once
     where the phase rows are summed per window, rank and phase, as ``rank_window_phases`` makes
-    them): ``(found, row)`` of asked keys, row 0 where not found. A table indexed by key where the
-    keys' range (``size``: groups x ranks) is at most ``_ROW_TABLE_PER_ROW`` times the rows
-    (a few int32 per row: every rank has most phases in most windows), else a binary search in
-    the keys sorted once (where a key repeats: its first row)."""
+    them): ``(found, row)`` of asked keys, some valid row where not found (the caller masks it
+    with ``found``). A table indexed by key where the keys' range (``size``: groups x ranks) is
+    at most ``_ROW_TABLE_PER_ROW`` times the rows (a few int32 per row: every rank has most
+    phases in most windows), else a binary search in the keys sorted once (where a key repeats:
+    its first row)."""
 
     def __init__(self, keys: np.ndarray, size: int) -> None:
         self.table = None
