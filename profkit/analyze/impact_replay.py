@@ -188,7 +188,7 @@ def _stacked_text(columns: list[pd.Series]) -> pd.Series:
     """A text column of every rank, one after the other: a category where each rank's is one
     without missing values (programs read back from the store: ``stages.load_program``; each
     rank's categories mapped onto their union, no string touched per row), else object."""
-    if columns and all(isinstance(c.dtype, pd.CategoricalDtype) and not (c.array.codes < 0).any() for c in columns):
+    if columns and all(_whole_category(c) for c in columns):
         cats = [np.asarray(c.array.categories, dtype=object) for c in columns]
         union = pd.Index(np.concatenate(cats), dtype=object).unique()
         codes = np.concatenate([union.get_indexer(k)[c.array.codes] for k, c in zip(cats, columns)])
@@ -199,10 +199,15 @@ def _stacked_text(columns: list[pd.Series]) -> pd.Series:
 def _factorized(text: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """``pd.factorize`` of a text column's strings (codes in order of first appearance): of a
     category's codes where it is one (the same codes and names, without hashing a string a row)."""
-    if isinstance(text.dtype, pd.CategoricalDtype) and not (text.array.codes < 0).any():
+    if _whole_category(text):
         codes, first = pd.factorize(text.array.codes.astype(np.int64))
         return codes, np.asarray(text.array.categories, dtype=object)[first]
     return pd.factorize(text.to_numpy(dtype=object))
+
+
+def _whole_category(text: pd.Series) -> bool:
+    """A category column without missing values: its codes stand for its strings one to one."""
+    return isinstance(text.dtype, pd.CategoricalDtype) and not (text.array.codes < 0).any()
 
 
 def _slot_in_group(keys: np.ndarray) -> np.ndarray:
