@@ -686,3 +686,68 @@ def test_scenario_rows_and_cuts_are_the_dense_shares_and_the_same_in_any_block()
     nodes = [n if n is not None else np.zeros((g.n, 1), np.int64) for _, n, _ in one]
     np.testing.assert_array_equal(node_cut, np.concatenate(nodes, axis=1))
     assert cut.any() and node_cut is not None  # (one rank: the straggler-free bound moves no point)
+
+
+def test_scenarios_replayed_first_elsewhere_give_the_same_table(sim_runs, monkeypatch):
+    """``pipeline._replay_beside``: a worker replays the scenarios that need no verdict
+    (``base_scenarios``) while the verdicts are made; the driver replays only the straggler ranks'
+    rows and takes the others' columns as they are: the same table and samples as one replay of
+    them all. A replay of another graph is not taken."""
+    import dataclasses
+
+    a, _ = sim_runs["overlap"]
+    i = a.impact
+    g, steps = i.graph, i.steps_table
+    base, names = imp.base_scenarios(g.work, i.causes)
+    extra = imp.straggler_scenarios(g.work, names, a.stragglers, a.straggler_ranks)
+    assert extra and base + extra == imp.scenarios_for(g.work, i.causes, a.stragglers, a.straggler_ranks)
+    kw = dict(causes=i.causes, cause_steps=i.cause_steps, stragglers=a.stragglers, straggler_ranks=a.straggler_ranks)
+    whole = imp.impact_from_graph(g, steps, **kw)
+    pd.testing.assert_frame_equal(whole.table, i.table, check_exact=True)
+    done = imp.replay_scenarios(g, steps, base)
+    cut_here = []
+    cuts = imp._cuts
+    monkeypatch.setattr(imp, "_cuts", lambda g_, block: cut_here.extend(s.name for s in block) or cuts(g_, block))
+    split = imp.impact_from_graph(g, steps, scenarios=base + extra, replayed=done, **kw)
+    assert cut_here == [s.name for s in extra]  # the base scenarios were not replayed again
+    pd.testing.assert_frame_equal(split.table, whole.table, check_exact=True)
+    pd.testing.assert_frame_equal(split.steps, whole.steps, check_exact=True)
+    assert (split.released_early, split.gap_ns, split.base_mean_ns) == (whole.released_early, whole.gap_ns,
+                                                                        whole.base_mean_ns)
+    # the columns are taken as they are (a wrong one would show) ...
+    off = imp.impact_from_graph(g, steps, scenarios=base + extra,
+                                replayed=dataclasses.replace(done, replayed=done.replayed + 1_000_000), **kw)
+    assert not off.table.equals(whole.table)
+    # ... matched by scenario, in any order ...
+    order = np.arange(len(base))[::-1]
+    shuffled = dataclasses.replace(done, scenarios=[base[k] for k in order], replayed=done.replayed[:, order],
+                                   removed=done.removed[order])
+    cut_here.clear()
+    again = imp.impact_from_graph(g, steps, scenarios=base + extra, replayed=shuffled, **kw)
+    assert cut_here == [s.name for s in extra]
+    pd.testing.assert_frame_equal(again.table, whole.table, check_exact=True)
+    # ... but only of the same graph and steps: else every scenario is replayed here
+    for other in (dataclasses.replace(done, shape=(g.n + 1, *done.shape[1:])),
+                  dataclasses.replace(done, step_rows=done.step_rows[1:])):
+        cut_here.clear()
+        again = imp.impact_from_graph(g, steps, scenarios=base + extra,
+                                      replayed=dataclasses.replace(other, replayed=other.replayed + 1_000_000), **kw)
+        assert len(cut_here) == len(base) + len(extra)
+        pd.testing.assert_frame_equal(again.table, whole.table, check_exact=True)
+
+
+def test_which_scenarios_the_stragglers_gpu_work_leaves_as_they_are():
+    """A replay made before the verdicts has no GPU-lane work; the driver's graph has the straggler
+    ranks' GPU phases joined. Their rows change no cut of the GPU-only bound, the straggler-free
+    bound or a host cause (taken), but the spike-free bound and spikes count steps over every lane,
+    and a cause of one of those phases removes them (replayed again)."""
+    blind = imp._blind_to_gpu_work
+    gpu = {"gpu:fused_moe_kernel"}
+    S = imp.Scenario
+    assert blind(S(imp.GPU_ONLY, imp.BOUND), gpu) and blind(S(imp.MEDIAN_RANK, imp.BOUND), gpu)
+    assert blind(S("gc", imp.CAUSE, phase="gc"), gpu)
+    assert not blind(S("gpu:fused_moe_kernel", imp.CAUSE, phase="gpu:fused_moe_kernel"), gpu)
+    assert not blind(S(imp.MEDIAN_STEP, imp.BOUND), gpu)
+    assert not blind(S("gc spikes", imp.SPIKES, phase="gc"), gpu)
+    assert not blind(S("x on rank 1", imp.RANK_PHASE, phase="gc", rank=1), gpu)
+    assert blind(S(imp.MEDIAN_STEP, imp.BOUND), set()) and blind(S("gc spikes", imp.SPIKES, phase="gc"), set())

@@ -124,26 +124,81 @@ def test_impact_at_dep32_matches_the_simulator_with_each_fault_removed(serial):
     assert abs(float(both["impact_ns_per_step"].iloc[0]) - true) <= max(0.1 * true, 200_000)
 
 
+def _replay_spies(monkeypatch) -> tuple[list, list]:
+    """What the driver read back of each program (True: from the store), and what each replay on
+    the driver was given of a worker's replay (``pipeline._replay_beside``: True where it came)
+    followed by the names of the scenarios it replayed itself."""
+    from profkit.analyze import impact, stages
+
+    stored, given = [], []
+    load, replay, cuts = stages.load_program, impact.impact_from_graph, impact._cuts
+
+    def load_spy(store, program, **kw):
+        stored.append(program.nodes is None)  # it came back without its tables
+        return load(store, program, **kw)
+
+    def replay_spy(*args, **kw):
+        given.append(kw.get("replayed") is not None)
+        return replay(*args, **kw)
+
+    def cuts_spy(g, block):
+        given.extend(sc.name for sc in block)
+        return cuts(g, block)
+
+    monkeypatch.setattr(stages, "load_program", load_spy)
+    monkeypatch.setattr(impact, "impact_from_graph", replay_spy)
+    monkeypatch.setattr(impact, "_cuts", cuts_spy)  # (a worker's calls are counted in its own copy)
+    return stored, given
+
+
+def _replay_tasks(analysis) -> int:
+    st = analysis.run_stats
+    return int(((st["stage"] == "impact") & st["rank"].isna()).sum())
+
+
 def test_replay_programs_kept_in_the_store_give_the_same_tables(dep32, serial, monkeypatch):
     """Large captures' impact tasks put their programs in the store (Arrow, phases as a category)
-    and the driver reads them back after the verdicts: the same tables as the serial run's."""
-    from profkit.analyze import pipeline, stages
+    and the driver reads them back after the verdicts: the same tables as the serial run's. A
+    worker replays the scenarios that need no verdict from the store meanwhile, and the driver
+    takes them: the same tables again; without it (a graph too large for a worker) as well."""
+    from profkit.analyze import impact as imp
+    from profkit.analyze import pipeline
 
-    stored = []
-    load = stages.load_program
-
-    def spy(store, program):
-        stored.append(program.nodes is None)  # it came back without its tables
-        return load(store, program)
-
-    monkeypatch.setattr(stages, "load_program", spy)
+    stored, given = _replay_spies(monkeypatch)
     monkeypatch.setattr(pipeline, "PROGRAMS_IN_STORE_EVENTS", 0)
-    _assert_same(serial, analyze_paths([dep32], executor="pool", workers=2), "pool, programs in the store")
+    beside = analyze_paths([dep32], executor="pool", workers=2)
+    _assert_same(serial, beside, "pool, programs in the store, replayed beside the verdicts")
     assert len(stored) == 32 and all(stored)
+    assert given[0] is True and _replay_tasks(beside) == 1
+    # a straggler's cause is on its GPU: the driver joins that work, so it replays again only
+    # what that work changes (the spike-free bound, the spikes) and the straggler ranks' rows
+    assert imp.straggler_gpu_phases(serial.stragglers)
+    kinds = dict(zip(serial.impact.table["cause"], serial.impact.table["kind"]))
+    mine = given[1:]
+    assert mine and imp.MEDIAN_STEP in mine and imp.GPU_ONLY not in mine
+    assert {kinds[c] for c in mine} <= {imp.RANK_PHASE, imp.SPIKES, imp.BOUND}
+    assert len(mine) < len(kinds)
+    monkeypatch.setattr(pipeline, "REPLAY_BESIDE_MAX_POINTS", 0)
+    given.clear()
+    alone = analyze_paths([dep32], executor="pool", workers=2)
+    _assert_same(serial, alone, "pool, programs in the store, every scenario replayed by the driver")
+    assert given[0] is False and len(given[1:]) == len(kinds) and _replay_tasks(alone) == 0
     monkeypatch.setattr(pipeline, "PROGRAMS_IN_STORE_EVENTS", 10**12)
     stored.clear()
     analyze_paths([REPO / "sample_traces" / "public-hta-2rank"], executor="pool", workers=2)
     assert len(stored) == 2 and not any(stored)  # a small capture's come with the results
+
+
+def test_a_replay_beside_the_verdicts_whose_worker_dies_is_made_by_the_driver(dep32, serial, monkeypatch):
+    """The worker replaying beside the verdicts dies every time (retried once on a fresh pool):
+    the driver replays every scenario itself, the same tables, and the run goes on."""
+    from profkit.analyze import pipeline
+
+    _, given = _replay_spies(monkeypatch)
+    monkeypatch.setattr(pipeline, "PROGRAMS_IN_STORE_EVENTS", 0)
+    monkeypatch.setenv(KILL_ENV, "replay:None")
+    _assert_same(serial, analyze_paths([dep32], executor="pool", workers=2), "pool, the replay's worker died")
+    assert given[0] is False and len(given[1:]) == len(serial.impact.table)
 
 
 def test_driver_holds_no_events(serial, dep32):

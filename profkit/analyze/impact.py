@@ -153,6 +153,14 @@ def empty_impact(note: str | None = None) -> Impact:
 def scenarios_for(work: rp.WorkArrays, causes: pd.DataFrame | None, stragglers: pd.DataFrame | None,
                   straggler_ranks: list[int] | None) -> list[Scenario]:
     """The scenarios worth replaying for this capture (see the module docstring)."""
+    out, names = base_scenarios(work, causes)
+    return out + straggler_scenarios(work, names, stragglers, straggler_ranks)
+
+
+def base_scenarios(work: rp.WorkArrays, causes: pd.DataFrame | None) -> tuple[list[Scenario], list[str]]:
+    """The scenarios that need no straggler verdict (``scenarios_for``'s first ones: the bounds,
+    causes and spikes) and the phases they remove as causes: a replay of these can start while
+    the verdicts are made (``pipeline.run_stages``)."""
     out = [Scenario(GPU_ONLY, BOUND), Scenario(MEDIAN_RANK, BOUND), Scenario(MEDIAN_STEP, BOUND)]
     host = work.lane == prog.HOST
     tot = np.bincount(work.code[host], weights=work.ns[host].astype(np.float64), minlength=work.names.size)
@@ -170,6 +178,14 @@ def scenarios_for(work: rp.WorkArrays, causes: pd.DataFrame | None, stragglers: 
     names += extra
     out += [Scenario(n, CAUSE, phase=n) for n in names]
     out += _spike_scenarios(work, names)
+    return out, names
+
+
+def straggler_scenarios(work: rp.WorkArrays, names: list[str], stragglers: pd.DataFrame | None,
+                        straggler_ranks: list[int] | None) -> list[Scenario]:
+    """``scenarios_for``'s ``rank_phase`` rows: the straggler ranks' top phases (``names``: the
+    phases ``base_scenarios`` removes as causes)."""
+    out: list[Scenario] = []
     if stragglers is not None and len(stragglers) and straggler_ranks and work.size:
         by_rank = stragglers.set_index("rank")
         for r in straggler_ranks:
@@ -467,9 +483,11 @@ def impact_from_programs(programs: list[prog.RankProgram], steps: pd.DataFrame, 
 def impact_from_graph(g: rp.ReplayGraph, steps: pd.DataFrame, causes: pd.DataFrame | None = None,
                       cause_steps: pd.DataFrame | None = None, stragglers: pd.DataFrame | None = None,
                       straggler_ranks: list[int] | None = None, scenarios: list[Scenario] | None = None,
-                      n_resamples: int = N_RESAMPLES, seed: int = 0) -> Impact:
+                      n_resamples: int = N_RESAMPLES, seed: int = 0, replayed: Replayed | None = None) -> Impact:
     """``impact_from_programs`` over programs already joined (``impact_replay.build_graph``): the
-    caller can let the per-rank programs go before the replay's matrices are made."""
+    caller can let the per-rank programs go before the replay's matrices are made. ``replayed``:
+    scenarios already replayed over this graph without GPU-lane work and the same steps
+    (``replay_scenarios``, by a worker beside the verdicts): only the others are replayed here."""
     if steps is None or not len(steps):
         return empty_impact("no steps: impact needs step times")
     if not g.n:
@@ -477,9 +495,103 @@ def impact_from_graph(g: rp.ReplayGraph, steps: pd.DataFrame, causes: pd.DataFra
     scen = scenarios if scenarios is not None else scenarios_for(g.work, causes, stragglers, straggler_ranks)
     if not any(s.name == GPU_ONLY for s in scen):
         scen = [Scenario(GPU_ONLY, BOUND)] + list(scen)
-    imp = _evaluate(g, steps, scen, causes, cause_steps, n_resamples, seed)
+    imp = _evaluate(g, steps, scen, causes, cause_steps, n_resamples, seed, replayed)
     imp.graph, imp.steps_table, imp.causes, imp.cause_steps = g, steps, causes, cause_steps
     return imp
+
+
+@dataclass
+class Replayed:
+    """Scenarios replayed over a graph (``replay_scenarios``): per step row that has replay points
+    (``step_rows`` of the steps table) and scenario, the rank's replayed period."""
+
+    scenarios: list[Scenario]
+    shape: tuple[int, int, int]  # the graph's points, edges and work rows off the GPU lane (``graph_shape``)
+    step_rows: np.ndarray
+    base_rank: np.ndarray  # (len(step_rows),) the observed period
+    replayed: np.ndarray  # (len(step_rows), len(scenarios)) int64
+    removed: np.ndarray  # ns removed per scenario
+    released: int  # instances released early (the same in every replay of one graph)
+
+
+def replay_scenarios(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario],
+                     done: Replayed | None = None) -> Replayed:
+    """Every scenario replayed over ``g``: a rank's step period is from its start to the next
+    step's start (the last one: to its end), so time moved between a gap and a wait is not
+    counted as saved. ``done``: scenarios replayed already over this graph without its GPU-lane
+    work (``_taken``): their columns are taken as they are (each scenario's replay is independent
+    of the others'), the rest replayed here."""
+    start_pt, end_pt, step_rows, next_pt = _step_points(g, steps)
+    taken = _taken(done, g, scen, step_rows)
+    replayed = np.zeros((step_rows.size, len(scen)), np.int64)
+    removed = np.zeros(len(scen), np.int64)
+    released = 0
+    if taken:
+        mine, theirs = np.array(list(taken), np.int64), np.array(list(taken.values()), np.int64)
+        replayed[:, mine], removed[mine], released = done.replayed[:, theirs], done.removed[theirs], done.released
+    t_pts = g.nodes["time_ns"].to_numpy(np.int64)
+    base_rank = t_pts[next_pt] - t_pts[start_pt]  # the step's period on its rank (see _step_points)
+    todo = [j for j in range(len(scen)) if j not in taken]
+    if not step_rows.size or not todo:
+        return Replayed(list(scen), graph_shape(g), step_rows, base_rank, replayed, removed, released)
+    compiled = rp.compiled(g)
+    block_bytes = SCENARIO_BLOCK_BYTES if compiled else NUMPY_BLOCK_BYTES
+    per_block = max(1, block_bytes // max(8 * (len(g.edges) + g.n), 1))
+    threads = min(REPLAY_THREADS, os.cpu_count() or 1, len(todo))
+    threads = threads if threads > 1 and rp.releases_gil(g) else 1  # numba's JIT kernel runs without the GIL
+    n_blocks = max(-(-len(todo) // per_block), threads)  # even blocks, at least one per thread
+    per_block = -(-len(todo) // n_blocks)
+
+    def run_block(a: int) -> int:
+        cols = todo[a:a + per_block]
+        cut, node_cut, rem = _cuts(g, [scen[j] for j in cols])
+        delta, forced = rp.replay(g, cut, node_cut)
+        replayed[:, cols] = base_rank[:, None] + delta[next_pt] - delta[start_pt]
+        removed[cols] = rem
+        return forced
+
+    starts = range(0, len(todo), per_block)
+    if threads > 1:  # blocks replay side by side
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            released = max(pool.map(run_block, starts))
+    else:
+        released = max(run_block(a) for a in starts)
+    return Replayed(list(scen), graph_shape(g), step_rows, base_rank, replayed, removed, released)
+
+
+def graph_shape(g: rp.ReplayGraph) -> tuple[int, int, int]:
+    """Points, edges and work rows off the GPU lane: a graph built from the same programs agrees,
+    whether or not the straggler ranks' GPU work was joined to them (it only adds GPU-lane rows)."""
+    return int(g.n), int(len(g.edges)), int(np.count_nonzero(g.work.lane != prog.GPU))
+
+
+def _taken(done: Replayed | None, g: rp.ReplayGraph, scen: list[Scenario], step_rows: np.ndarray) -> dict[int, int]:
+    """Which of ``scen`` (position -> column of ``done``) ``done`` replayed over this graph, of
+    those whose cuts do not change with ``g``'s GPU-lane work (``_blind_to_gpu_work``); none where
+    ``done`` was replayed over another graph or step table. Its graph must have had no GPU-lane
+    rows (``stages.replay_task``'s)."""
+    if done is None or done.shape != graph_shape(g) or not np.array_equal(done.step_rows, step_rows):
+        return {}
+    gpu_lane = g.work.lane == prog.GPU
+    gpu_phases = {str(g.work.names[c]) for c in np.unique(g.work.code[gpu_lane])} if gpu_lane.any() else set()
+    column = {s: j for j, s in enumerate(done.scenarios)}
+    return {i: column[s] for i, s in enumerate(scen) if s in column and _blind_to_gpu_work(s, gpu_phases)}
+
+
+def _blind_to_gpu_work(s: Scenario, gpu_phases: set[str]) -> bool:
+    """Whether a scenario removes the same with or without the GPU-lane work of ``gpu_phases``
+    (``_share``): the GPU-only bound takes the host lane, the straggler-free bound no work row, a
+    cause its phase's rows whole. Not the spikes nor the spike-free bound: their medians count a
+    rank's steps over every lane (``_median_step_share_of``)."""
+    if not gpu_phases or s.name in (GPU_ONLY, MEDIAN_RANK):
+        return True
+    if s.kind == CAUSE:
+        return str(s.phase) not in gpu_phases
+    if s.kind == COMBINED:
+        return all(_blind_to_gpu_work(p, gpu_phases) for p in s.parts)
+    return False
 
 
 def what_if(imp: Impact, scenarios: list[Scenario], n_resamples: int = N_RESAMPLES, seed: int = 0) -> pd.DataFrame:
@@ -493,43 +605,15 @@ def what_if(imp: Impact, scenarios: list[Scenario], n_resamples: int = N_RESAMPL
 
 
 def _evaluate(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario], causes, cause_steps,
-              n_resamples: int, seed: int) -> Impact:
-    start_pt, end_pt, step_rows, next_pt = _step_points(g, steps)
-    if not step_rows.size:
+              n_resamples: int, seed: int, done: Replayed | None = None) -> Impact:
+    rep = replay_scenarios(g, steps, scen, done)
+    if not rep.step_rows.size:
         return empty_impact("no step of the step table has replay points")
-    st = steps.iloc[step_rows]
-    t_pts = g.nodes["time_ns"].to_numpy(np.int64)
-    base_rank = t_pts[next_pt] - t_pts[start_pt]  # the step's period on its rank (see _step_points)
+    st = steps.iloc[rep.step_rows]
+    base_rank = rep.base_rank
     step_ids = st["step"].to_numpy(np.int64)
     uniq_steps, step_pos = np.unique(step_ids, return_inverse=True)
-    compiled = rp.compiled(g)
-    block_bytes = SCENARIO_BLOCK_BYTES if compiled else NUMPY_BLOCK_BYTES
-    per_block = max(1, block_bytes // max(8 * (len(g.edges) + g.n), 1))
-    threads = min(REPLAY_THREADS, os.cpu_count() or 1, len(scen))
-    threads = threads if threads > 1 and rp.releases_gil(g) else 1  # numba's JIT kernel runs without the GIL
-    n_blocks = max(-(-len(scen) // per_block), threads)  # even blocks, at least one per thread
-    per_block = -(-len(scen) // n_blocks)
-    replayed = np.zeros((len(st), len(scen)), np.int64)
-    removed = np.zeros(len(scen), np.int64)
-
-    def run_block(a: int) -> int:
-        block = scen[a:a + per_block]
-        cut, node_cut, rem = _cuts(g, block)
-        delta, forced = rp.replay(g, cut, node_cut)
-        # a step's share of its rank's timeline: from its start to the next step's start (the
-        # last one: to its end), so time moved between a gap and a wait is not counted as saved
-        replayed[:, a:a + len(block)] = base_rank[:, None] + delta[next_pt] - delta[start_pt]
-        removed[a:a + len(block)] = rem
-        return forced
-
-    starts = range(0, len(scen), per_block)
-    if threads > 1:  # blocks replay side by side
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(threads) as pool:
-            released = max(pool.map(run_block, starts))
-    else:
-        released = max(run_block(a) for a in starts)
+    replayed, removed, released = rep.replayed, rep.removed, rep.released
     # per step: the mean over ranks
     counts = np.bincount(step_pos).astype(np.float64)
     base_step = np.bincount(step_pos, weights=base_rank.astype(np.float64)) / counts

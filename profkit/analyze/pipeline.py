@@ -31,6 +31,7 @@ from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_str
 from profkit.analyze.summary import rank_summary
 from profkit.analyze.sync_table import sync_point_table
 from profkit.collectives.instances import instances_from_candidates, match_instances
+from profkit.errors import ScaleError
 from profkit.ingest.loader import Capture
 
 
@@ -146,25 +147,27 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
                           [(r, plan.windows(r) if plan.measured else None, by_rank.get(r), store, keep_aligned)
                            for r in ranks], labels)
     del arrivals, by_rank
-    programs = _submit_programs(plan, steps, store, ex, ranks, labels,
-                                in_store=capture.event_count >= PROGRAMS_IN_STORE_EVENTS)
+    in_store = capture.event_count >= PROGRAMS_IN_STORE_EVENTS
+    programs = _submit_programs(plan, steps, store, ex, ranks, labels, in_store=in_store)
     fin = finishing.results()
     stats += [f.stats for f in fin]
+    causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
+    cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
+    # the replay of what needs no verdict, by a worker once the programs are in (map 5)
+    beside = _replay_beside(programs, steps, causes, store, ex) if in_store else None
     phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
     for f in fin:
         f.phases = None
     _trim()
     per_rank, per_instance, lateness = finish_stragglers(plan, phases)
     del phases
-    causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
-    cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
     del fin
     plan.host_w = plan.gpu_w = plan.acc_w = None  # the windows were summed: the verdicts are made
     plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the programs hold what is left to use
     _trim()
     episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
     # reduce of map 4: the what-if replay over every rank's program
-    impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats)
+    impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside)
     charged = None
     if keep_aligned:
         charged = _concat([store.get(stages.charged_key(r)) for r in ranks], overhead._empty_charged())
@@ -308,13 +311,16 @@ def _submit_programs(plan, steps: pd.DataFrame, store, ex, ranks: list[int], lab
                      labels)
 
 
-def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats):
+def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside: "_Then | None" = None):
     """The impact table: the per-rank programs (``_submit_programs``) with the GPU work of the
-    straggler ranks' GPU phases (a small map, where they have any), the replay on the driver."""
+    straggler ranks' GPU phases (a small map, where they have any), the replay on the driver;
+    ``beside``: the scenarios a worker replayed meanwhile (``_replay_beside``), taken where the
+    straggler ranks' GPU work joined here does not change them (``impact._taken``)."""
     from profkit.analyze import impact as impact_mod
     from profkit.analyze import impact_program
-    from profkit.analyze import impact_replay as rp
 
+    if beside is not None:
+        beside.first_in()  # its thread asks for ``programs`` first
     res = programs.results()
     stats += [x.stats for x in res]
     gpu_phases = frozenset(impact_mod.straggler_gpu_phases(per_rank))
@@ -324,7 +330,9 @@ def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats):
     stats += [g.stats for g in gpu]
     rows = {g.rank: g.rows for g in gpu}
     del gpu
-    programs = [impact_program.join_gpu_work(stages.load_program(store, x.program), rows.get(x.rank)) for x in res]
+    # beside a replay task the tables stay in the store until it has read them (``drop_rank_tables`` drops them)
+    programs = [impact_program.join_gpu_work(stages.load_program(store, x.program, keep=beside is not None),
+                                             rows.get(x.rank)) for x in res]
     del rows
     for x in res:
         x.program = None
@@ -333,10 +341,88 @@ def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats):
         graph = rp.build_graph(programs, consume=True)
         del programs  # the joined graph holds the same points: the replay's matrices come after
         _trim()
+        early = _beside_results(beside)  # built meanwhile: wait for the worker now
+        if early is not None:
+            stats.append(early.stats)
+        if early is not None and early.replayed is None:
+            early = None  # it could not replay: every scenario here (the same error, if any)
+        scenarios = None
+        if early is not None:
+            scenarios = early.scenarios + impact_mod.straggler_scenarios(graph.work, early.names, per_rank, straggler_list)
         return impact_mod.impact_from_graph(graph, steps, causes=causes, cause_steps=cause_steps,
-                                            stragglers=per_rank, straggler_ranks=straggler_list)
+                                            stragglers=per_rank, straggler_ranks=straggler_list,
+                                            scenarios=scenarios, replayed=early.replayed if early is not None else None)
     except (ValueError, IndexError) as exc:  # a replay that cannot be built must not cost the other tables
         return impact_mod.empty_impact(f"impact not computed: {exc}")
+
+
+def _beside_results(beside: "_Then | None"):
+    """The replay task's result; None without one, or where it failed (the driver replays every
+    scenario itself then: the same table)."""
+    try:
+        return beside.results() if beside is not None else None
+    except ScaleError:
+        return None
+
+
+# the replay beside the verdicts only where its graph fits a worker beside the read stage's peak:
+# ~240 bytes a point, ~1.6x that while it is built (DEP32 x 1,000: 2.05 M points, ~0.5 GB)
+REPLAY_BESIDE_MAX_POINTS = 2_500_000
+
+
+class _Then:
+    """A batch submitted from a thread once another batch's results are in (``then`` makes it of
+    them, or returns None): the driver goes on with its own work meanwhile. ``results()`` is that
+    batch's results (None where there was none), or what either batch raised."""
+
+    def __init__(self, first, then: Callable) -> None:
+        import threading
+
+        self._box: dict = {}
+        self._first = threading.Event()
+
+        def run() -> None:
+            try:
+                res = first.results()
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                self._box["error"] = exc
+                return
+            finally:
+                self._first.set()
+            try:
+                self._box["batch"] = then(res)
+            except BaseException as exc:  # noqa: BLE001
+                self._box["error"] = exc
+
+        self._thread = threading.Thread(target=run, name="profkit-then", daemon=True)
+        self._thread.start()
+
+    def first_in(self) -> None:
+        """Wait until the first batch's results are in (then they may be asked for again here)."""
+        self._first.wait()
+
+    def results(self):
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        batch = self._box.get("batch")
+        return None if batch is None else batch.results()[0]
+
+
+def _replay_beside(programs, steps: pd.DataFrame, causes: pd.DataFrame | None, store, ex) -> _Then | None:
+    """Once the programs are in the store, the scenarios that need no verdict replayed by a worker
+    (``stages.replay_task``) while the driver makes the verdicts (the workers are idle then: at
+    DEP32 x 1,000 ~1.3 s of the driver's replay moves there). Not with the serial executor (its
+    tasks are the driver's own), nor on a graph too large for a worker (``REPLAY_BESIDE_MAX_POINTS``)."""
+    if ex.name == "serial" or steps is None or not len(steps):
+        return None
+
+    def submit(res: list):
+        if sum(x.points for x in res) > REPLAY_BESIDE_MAX_POINTS:
+            return None
+        return ex.submit(stages.replay_task, [([x.program for x in res], store, steps, causes)], ["replay"])
+
+    return _Then(programs, submit)
 
 
 def _warm_up_replay(capture: Capture) -> None:

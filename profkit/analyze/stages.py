@@ -431,6 +431,7 @@ class ImpactResult:
     rank: int
     program: "impact_program.RankProgram"
     stats: TaskStats | None = None
+    points: int = 0  # the program's points (its tables may be in the store)
 
 
 def gpu_windows_key(rank: int) -> str:
@@ -451,12 +452,13 @@ def impact_task(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame | None, stor
     host, gpu, ops = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}"), store.get(gpu_ops_key(rank))
     program = impact_program.rank_program(rank, syncs, steps if steps is not None else pd.DataFrame(), host, ops, gpu,
                                           gpu_phases=gpu_phases, defer_gpu=gpu_phases is None)
+    points = len(program.nodes)
     if program.gpu_windows is not None:
         store.put(gpu_windows_key(rank), program.gpu_windows)
         program.gpu_windows = None
     if program_in_store:
         _put_program(store, program)
-    out = ImpactResult(rank=rank, program=program)
+    out = ImpactResult(rank=rank, program=program, points=points)
     out.stats = _stats("impact", rank, t0, len(host) + len(gpu) + len(ops))
     return out
 
@@ -482,18 +484,55 @@ def _put_program(store, program: "impact_program.RankProgram") -> None:
         setattr(program, table, None)
 
 
-def load_program(store, program: "impact_program.RankProgram") -> "impact_program.RankProgram":
+def load_program(store, program: "impact_program.RankProgram", keep: bool = False) -> "impact_program.RankProgram":
     """The program ``impact_task`` returned with its tables read back from the store (and dropped
-    there); one whose tables came with it is returned as it is. Phases stay a category (the
-    replay graph stacks and codes them as such: ``impact_replay._stacked_text``)."""
+    there, unless ``keep``); one whose tables came with it is returned as it is. Phases stay a
+    category (the replay graph stacks and codes them as such: ``impact_replay._stacked_text``)."""
     if program.nodes is not None:
         return program
     for table in _PROGRAM_TABLES:
         key = _program_key(program.rank, table)
         frame = store.get(key)
-        store.drop(key)
+        if not keep:
+            store.drop(key)
         setattr(program, table, frame)
     return program
+
+
+@dataclass
+class ReplayResult:
+    scenarios: list  # ``impact.base_scenarios``' (empty: the graph could not be replayed)
+    names: list[str]  # the phases they remove as causes
+    replayed: Any  # ``impact.Replayed``, or None
+    stats: TaskStats | None = None
+
+
+def replay_task(programs: list["impact_program.RankProgram"], store, steps: pd.DataFrame,
+                causes: pd.DataFrame | None) -> ReplayResult:
+    """The scenarios that need no straggler verdict (``impact.base_scenarios``: the bounds, the
+    causes, the spikes) replayed over every rank's program, the programs' tables read from the
+    store and left there, while the driver makes the verdicts. Their GPU work is left out: the
+    driver takes these columns where the verdicts name no straggler's GPU phase (its graph is this
+    one then) and replays only the ``rank_phase`` rows itself."""
+    from profkit.analyze import impact as impact_mod
+    from profkit.analyze import impact_replay as rp
+
+    t0 = _clock()
+    _maybe_die("replay", None)
+    joined = [impact_program.join_gpu_work(load_program(store, p, keep=True), None) for p in programs]
+    out = ReplayResult(scenarios=[], names=[], replayed=None)
+    points = 0
+    try:
+        g = rp.build_graph(joined, consume=True)
+        del joined
+        points = g.n
+        if g.n and steps is not None and len(steps):
+            out.scenarios, out.names = impact_mod.base_scenarios(g.work, causes)
+            out.replayed = impact_mod.replay_scenarios(g, steps, out.scenarios)
+    except (ValueError, IndexError):  # the driver builds the graph again, and says why it cannot
+        out.scenarios, out.names, out.replayed = [], [], None
+    out.stats = _stats("impact", None, t0, points)
+    return out
 
 
 @dataclass
