@@ -424,3 +424,42 @@ def test_spawned_pool_workers_tune_their_allocator_too(monkeypatch):
         assert ex.map(allocator.keep_freed_memory, [()], ["rank 0"]) == [sys.platform.startswith("linux")]
     finally:
         ex.close()
+
+
+def test_a_batch_then_another_waits_for_the_first_and_a_cancelled_one_is_never_submitted():
+    """``pipeline._Then``: the second batch is made of the first's results in a thread; once
+    cancelled (the run failed before it was used), nothing is submitted to a closing executor;
+    an error of the first batch reaches the caller."""
+    import threading
+
+    from profkit.analyze.pipeline import _Then
+    from profkit.analyze.stages import Batch
+
+    gate = threading.Event()
+    made = []
+
+    def first():
+        gate.wait(10)
+        return [1, 2]
+
+    def then(res):
+        made.append(res)
+        return Batch(lambda: [sum(res)])
+
+    ok = _Then(Batch(first), then)
+    gate.set()
+    ok.first_in()
+    assert ok.results() == 3 and made == [[1, 2]]
+    gate.clear()
+    made.clear()
+    stopped = _Then(Batch(first), then)
+    stopped.cancel()
+    gate.set()
+    assert stopped.results() is None and made == []
+
+    def broken():
+        raise ScaleError("rank 3: stage 'impact' failed")
+
+    with pytest.raises(ScaleError, match="rank 3"):
+        _Then(Batch(broken), then).results()
+    assert made == []

@@ -155,19 +155,23 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
     # the replay of what needs no verdict, by a worker once the programs are in (map 5)
     beside = _replay_beside(programs, steps, causes, store, ex) if in_store else None
-    phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
-    for f in fin:
-        f.phases = None
-    _trim()
-    per_rank, per_instance, lateness = finish_stragglers(plan, phases)
-    del phases
-    del fin
-    plan.host_w = plan.gpu_w = plan.acc_w = None  # the windows were summed: the verdicts are made
-    plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the programs hold what is left to use
-    _trim()
-    episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
-    # reduce of map 4: the what-if replay over every rank's program
-    impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside)
+    try:
+        phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
+        for f in fin:
+            f.phases = None
+        _trim()
+        per_rank, per_instance, lateness = finish_stragglers(plan, phases)
+        del phases
+        del fin
+        plan.host_w = plan.gpu_w = plan.acc_w = None  # the windows were summed: the verdicts are made
+        plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the programs hold what is left to use
+        _trim()
+        episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
+        # reduce of map 4: the what-if replay over every rank's program
+        impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside)
+    finally:
+        if beside is not None:
+            beside.cancel()  # (failed before it was used: no task is submitted to a closing executor)
     charged = None
     if keep_aligned:
         charged = _concat([store.get(stages.charged_key(r)) for r in ranks], overhead._empty_charged())
@@ -365,8 +369,9 @@ def _beside_results(beside: "_Then | None"):
         return None
 
 
-# the replay beside the verdicts only where its graph fits a worker beside the read stage's peak:
-# ~240 bytes a point, ~1.6x that while it is built (DEP32 x 1,000: 2.05 M points, ~0.5 GB)
+# the replay beside the verdicts only where its graph fits a worker: the graph is ~240 bytes a point
+# and the worker's peak grows ~0.4 KB a point while it is built and replayed (DEP32 x 1,000: 2.05 M
+# points, 0.5 -> 1.3 GB); DEP256 x 200 (3.3 M points) stays on the driver, within issue #16's 3 GB
 REPLAY_BESIDE_MAX_POINTS = 2_500_000
 
 
@@ -380,6 +385,8 @@ class _Then:
 
         self._box: dict = {}
         self._first = threading.Event()
+        self._lock = threading.Lock()
+        self._cancelled = False
 
         def run() -> None:
             try:
@@ -390,7 +397,9 @@ class _Then:
             finally:
                 self._first.set()
             try:
-                self._box["batch"] = then(res)
+                with self._lock:
+                    if not self._cancelled:
+                        self._box["batch"] = then(res)
             except BaseException as exc:  # noqa: BLE001
                 self._box["error"] = exc
 
@@ -400,6 +409,12 @@ class _Then:
     def first_in(self) -> None:
         """Wait until the first batch's results are in (then they may be asked for again here)."""
         self._first.wait()
+
+    def cancel(self) -> None:
+        """No batch is submitted from now on (one already submitted runs on: the executor's close
+        waits for it or cancels it)."""
+        with self._lock:
+            self._cancelled = True
 
     def results(self):
         self._thread.join()
