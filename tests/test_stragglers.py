@@ -486,6 +486,10 @@ def test_a_late_arrivers_window_is_not_closed_by_its_own_instance():
     late = rows[(rows["instance"] == 2) & (rows["rank"] == 0)].iloc[0]
     assert late["work_start_ns"] == 110 and late["work_ns"] == 895
     assert late["work_excess_ns"] == 895 - (200 - 110)  # its own work beyond its peer's: the GC
+    # the sync exits found ahead (the driver does, while the ranks are analyzed) give the same rows
+    ahead, _ = arr_mod.arrival_rows(inst, windows, None, arr_mod.sync_ends(inst))
+    pd.testing.assert_frame_equal(ahead, rows, check_exact=True)
+    assert arr_mod.sync_ends(inst.iloc[:0]) == {} and arr_mod.sync_ends(None) == {}
 
 
 @pytest.mark.parametrize("dtype", ["str", "string", object])

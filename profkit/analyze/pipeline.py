@@ -26,6 +26,7 @@ from profkit.analyze.result import Analysis
 from profkit.analyze.stages import SerialExecutor
 from profkit.analyze.steps import choose_step_marker
 from profkit.analyze.store import MemoryStore
+from profkit.analyze.straggler_arrivals import sync_ends
 from profkit.analyze.straggler_episodes import straggler_episodes
 from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
 from profkit.analyze.summary import rank_summary
@@ -116,11 +117,11 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     extents = _concat([r.extents for r in rr], None)
     if early is not None and all(r.candidates is None if r.rank in moved else r.candidates is None or not len(r.candidates)
                                  for r in rr):
-        instances, matched, arrivals, sync_points = early  # every rank's candidates were the moved ones
+        instances, matched, arrivals, sync_points, ends = early  # every rank's candidates were the moved ones
     else:  # a rank dropped events after all (or nothing was moved): its candidates came back
         moved = moved or {}
         cands = [r.candidates if r.candidates is not None else moved.get(r.rank) for r in rr]
-        instances, matched, arrivals, sync_points = _collectives([c for c in cands if c is not None and len(c)])
+        instances, matched, arrivals, sync_points, ends = _collectives([c for c in cands if c is not None and len(c)])
         del cands
     del early, moved
     for r in rr:
@@ -135,7 +136,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         from profkit.analyze.straggler_arrivals import trace_windows
 
         extents = trace_windows(schema.empty_frame())
-    plan = plan_stragglers(instances, extents, steps, matched)
+    plan = plan_stragglers(instances, extents, steps, matched, ends)
+    del ends
     if matched is not None:  # finish_stragglers reads the instances only to match them: they are matched
         plan.instances = None  # every rank's collective rows: the largest table the driver would keep
     del instances
@@ -266,13 +268,13 @@ def _moved(movable: dict, rank_alignments: dict[int, Alignment]) -> dict:
 def _collectives(cands: list[pd.DataFrame]) -> tuple:
     """The collective instances of every rank's candidates on the common clock (in rank order),
     matched: (instances, one row per instance or None, the complete ones' arrivals or None, the
-    sync point table)."""
+    sync point table, each rank's sync exits for the straggler plan: ``straggler_arrivals.sync_ends``)."""
     instances = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
     matched = match_instances(instances) if len(instances) else None
     arrivals = None
     if matched is not None:
         arrivals = overhead.arrivals_from_match(instances[instances["complete"].astype(bool)], matched)
-    return instances, matched, arrivals, sync_point_table(instances, matched)
+    return instances, matched, arrivals, sync_point_table(instances, matched), sync_ends(instances)
 
 
 def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:

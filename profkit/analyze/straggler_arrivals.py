@@ -61,19 +61,20 @@ def trace_windows(events: pd.DataFrame) -> pd.DataFrame:
     return out.astype("int64")[WINDOW_COLUMNS]
 
 
-def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame | None) -> tuple[pd.DataFrame, dict]:
+def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame | None,
+                 ends: dict[int, np.ndarray] | None = None) -> tuple[pd.DataFrame, dict]:
     """Per (rank, instance) arrivals of the complete instances inside the capture window.
 
     ``inst``: ``collective_instances`` rows on aligned clocks (incomplete rows may be included:
     they still mark sync points on their ranks, but are not measured). Returns the table
-    (``ARRIVAL_COLUMNS``) and counts of what was dropped and why.
+    (``ARRIVAL_COLUMNS``) and counts of what was dropped and why. ``ends``: ``sync_ends(inst)``
+    where it was computed already.
     """
     report = {"instances": 0, "dropped_incomplete": 0, "dropped_edge": 0, "dropped_async": 0, "dropped_single": 0}
     if inst is None or not len(inst):
         return _empty(), report
-    inst = inst.assign(rank=inst["rank"].astype("int64"), start_ns=inst["start_ns"].astype("int64"),
-                       end_ns=inst["end_ns"].astype("int64"))
-    sync_ends = _sync_ends(inst)
+    inst = _typed(inst)
+    sync_ends = ends if ends is not None else _sync_ends(inst)
     per = inst.groupby("instance", sort=True)
     total = int(per.ngroups)
     complete = inst["complete"].astype(bool) if "complete" in inst else pd.Series(True, index=inst.index)
@@ -169,6 +170,17 @@ def _strings(col: pd.Series, as_type: type):
     column is that already (missing values stay missing), and is kept as it is; converting its
     ~10^5-10^6 rows to Python objects and inferring ``str`` again cost the driver ~0.1 s a column."""
     return col.array if _is_str(col) else col.astype(as_type).to_numpy(dtype=object)
+
+
+def _typed(inst: pd.DataFrame) -> pd.DataFrame:
+    return inst.assign(rank=inst["rank"].astype("int64"), start_ns=inst["start_ns"].astype("int64"),
+                       end_ns=inst["end_ns"].astype("int64"))
+
+
+def sync_ends(inst: pd.DataFrame | None) -> dict[int, np.ndarray]:
+    """``arrival_rows``' sync exits per rank (``_sync_ends``): they need only the instances, so
+    the driver finds them while the workers analyze the ranks (``pipeline._collectives``)."""
+    return _sync_ends(_typed(inst)) if inst is not None and len(inst) else {}
 
 
 def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:

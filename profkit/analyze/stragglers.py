@@ -240,9 +240,10 @@ def _concat_coded(parts: list[WindowPhases]) -> WindowPhases:
 
 
 def plan_stragglers(instances: pd.DataFrame, extents: pd.DataFrame, steps: pd.DataFrame | None,
-                    matched: pd.DataFrame | None = None) -> StragglerPlan:
-    """Arrivals at the measured instances and every window whose phases must be summed."""
-    arrivals, report = arr_mod.arrival_rows(instances, extents, steps)
+                    matched: pd.DataFrame | None = None, sync_ends: dict | None = None) -> StragglerPlan:
+    """Arrivals at the measured instances and every window whose phases must be summed
+    (``sync_ends``: ``straggler_arrivals.sync_ends(instances)``, where already found)."""
+    arrivals, report = arr_mod.arrival_rows(instances, extents, steps, sync_ends)
     report["unmatched_rows"] = int(instances.attrs.get("report", {}).get("unmatched_rows", 0))
     ranks = sorted(set(extents["rank"].tolist()) | set(arrivals["rank"].tolist()))
     plan = StragglerPlan(ranks=ranks, arrivals=arrivals, report=report, extents=extents, steps=steps,
@@ -251,7 +252,7 @@ def plan_stragglers(instances: pd.DataFrame, extents: pd.DataFrame, steps: pd.Da
         return plan
     plan.host_w = _host_windows(arrivals)
     kernel = (arrivals["source_kind"] == "kernel").to_numpy(bool)
-    plan.gpu_w = _gpu_windows(arrivals[kernel])
+    plan.gpu_w = _gpu_windows(arrivals.loc[kernel, ["instance", "rank", "work_start_ns", "start_ns"]])
     plan.acc_w, plan.acc_step = _accounting_windows(arrivals, steps, plan.host_w, extents)
     return plan
 
