@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.feather as feather
 
 from profkit import schema
+from profkit.flags import env_on
 from profkit.ingest.base import RankPart
 
 READER_VERSION = 3  # 3: one record batch, marked for the scale store (2: Arrow IPC, 1: Parquet)
@@ -45,7 +46,7 @@ def cache_dir() -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get("PROFKIT_CACHE", "1") not in ("0", "false", "no", "off")
+    return env_on("PROFKIT_CACHE")
 
 
 def cache_key(path: Path, options: dict | None = None) -> str:

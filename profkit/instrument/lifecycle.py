@@ -17,6 +17,8 @@ import sys
 import threading
 from typing import Any
 
+from profkit.flags import env_on
+
 from . import gcspans
 from .recorder import Recorder, get_recorder
 
@@ -33,7 +35,7 @@ def start(out_dir: str | None = None, *, gc: bool | None = None, signals: bool =
         rec.set_out_dir(out)
     _install_process_hooks(signals)
     if gc is None:
-        gc = os.environ.get("PROFKIT_GC", "1").strip() not in ("0", "false", "no", "off")
+        gc = env_on("PROFKIT_GC")
     if gc:
         gcspans.install()
     return rec

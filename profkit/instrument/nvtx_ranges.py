@@ -6,9 +6,10 @@ become ranges on the thread, which is how profkit's spans and nsys's timeline ar
 """
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
+
+from profkit.flags import env_on
 
 DOMAIN = "profkit"
 _PALETTE = ("blue", "green", "orange", "purple", "cyan", "red", "yellow", "magenta")
@@ -43,7 +44,7 @@ _state: dict[str, Any] = {}
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get("PROFKIT_NVTX", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_on("PROFKIT_NVTX")
 
 
 def ranges() -> NvtxRanges | None:

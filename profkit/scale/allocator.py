@@ -19,8 +19,9 @@ tried there) nor to Dask's workers (a shared cluster's nanny tunes its own alloc
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
+
+from profkit.flags import env_on
 
 ENV = "PROFKIT_MALLOC"
 _M_TRIM_THRESHOLD = -1  # mallopt parameters (malloc.h)
@@ -39,7 +40,7 @@ def keep_freed_memory() -> bool:
     if _applied is not None:
         return _applied
     _applied = False
-    if not sys.platform.startswith("linux") or os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not sys.platform.startswith("linux") or not env_on(ENV):
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
