@@ -178,4 +178,3 @@ def test_the_walk_sees_what_it_must():
     assert ("profkit.history", "profkit.history.db") in edges  # a package's own module
     assert _violations({("profkit.ingest.loader", "profkit.analyze.steps"): [1]})
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-
