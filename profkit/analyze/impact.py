@@ -555,9 +555,9 @@ def replay_scenarios(g: rp.ReplayGraph, steps: pd.DataFrame, scen: list[Scenario
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(threads) as pool:
-            released = max(pool.map(run_block, starts))
+            released = max(released, *pool.map(run_block, starts))
     else:
-        released = max(run_block(a) for a in starts)
+        released = max(released, *(run_block(a) for a in starts))
     return Replayed(list(scen), graph_shape(g), step_rows, base_rank, replayed, removed, released)
 
 
