@@ -512,8 +512,8 @@ def replay_task(programs: list["impact_program.RankProgram"], store, steps: pd.D
     """The scenarios that need no straggler verdict (``impact.base_scenarios``: the bounds, the
     causes, the spikes) replayed over every rank's program, the programs' tables read from the
     store and left there, while the driver makes the verdicts. Their GPU work is left out: the
-    driver takes these columns where the verdicts name no straggler's GPU phase (its graph is this
-    one then) and replays only the ``rank_phase`` rows itself."""
+    driver takes the columns of the scenarios that the straggler ranks' GPU work, joined to its
+    own graph, leaves as they are (``impact._taken``) and replays the others itself."""
     from profkit.analyze import impact as impact_mod
     from profkit.analyze import impact_replay as rp
 
