@@ -19,6 +19,7 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 # id of a column's Arrow data -> (a weak reference to it, its codes, its distinct values)
 _CODES: dict[int, tuple[weakref.ref, np.ndarray, np.ndarray]] = {}
@@ -37,12 +38,45 @@ def codes(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     c, u = pd.factorize(values, use_na_sentinel=True)
     c = np.asarray(c, np.int64)
     u = np.array([str(x) for x in u], dtype=object)
-    c.flags.writeable = False
-    u.flags.writeable = False
     if data is not None:
-        key = id(data)
-        _CODES[key] = (weakref.ref(data, lambda _, k=key: _CODES.pop(k, None)), c, u)
+        _remember(data, c, u)
+    else:
+        c.flags.writeable = False
+        u.flags.writeable = False
     return c, u
+
+
+def is_text(values: pd.Series) -> bool:
+    """An Arrow-backed string column: ``codes`` spells its values as they are (and remembers them)."""
+    dtype = values.dtype
+    return (isinstance(dtype, pd.ArrowDtype) and (pa.types.is_string(dtype.pyarrow_dtype)
+                                                  or pa.types.is_large_string(dtype.pyarrow_dtype))) or (
+        isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow")
+
+
+def factorize(values: pd.Series, sort: bool = False) -> tuple[np.ndarray, pd.Index]:
+    """``pd.factorize(values, sort=sort)`` (missing: -1): a text column's from its ``codes``
+    (remembered while its data lives, as ``strings_from_codes`` makes them known), others by pandas."""
+    if not is_text(values):
+        return pd.factorize(values, sort=sort, use_na_sentinel=True)
+    c, u = codes(values)
+    if sort and u.size:
+        order = np.argsort(u, kind="stable")  # Python's string order, as pandas sorts the uniques
+        rank = np.empty(u.size, np.int64)
+        rank[order] = np.arange(u.size)
+        c = np.where(c < 0, -1, rank[np.maximum(c, 0)])
+        u = u[order]
+    return c, pd.Index(u, dtype=values.dtype)
+
+
+def text_objects(values: pd.Series) -> np.ndarray:
+    """``values.astype(str).to_numpy(dtype=object)``; for a text column without missing values from
+    its ``codes`` (one string object per distinct value, no per-row conversion)."""
+    if is_text(values):
+        c, u = codes(values)
+        if not (c < 0).any():
+            return u[c] if c.size else np.empty(0, dtype=object)
+    return values.astype(str).to_numpy(dtype=object)
 
 
 def _arrow_data(values: pd.Series):
@@ -159,6 +193,41 @@ def strings_at(uniques: np.ndarray, codes: np.ndarray):
 
     taken = pa.array(list(objects), pa.large_string()).take(pa.array(codes, mask=missing))
     return pd.array(taken, dtype=STR_DTYPE)
+
+
+def coded(uniques: np.ndarray, codes: np.ndarray) -> pd.Categorical:
+    """``strings_at``'s values kept as codes (a Categorical of the distinct strings ``uniques``),
+    for a table that goes to the store as they are (``store.frame_to_table``'s ``strings``
+    columns): no string per row is made or written, and ``strings_from_codes`` gives the reader
+    the same column with its ``codes`` known."""
+    return pd.Categorical.from_codes(np.asarray(codes, np.int64), categories=pd.Index(np.asarray(uniques, dtype=object),
+                                                                                      dtype=object))
+
+
+def strings_from_codes(uniques: np.ndarray, codes: np.ndarray):
+    """``strings_at(uniques, codes)`` (distinct ``uniques``), with the column's ``codes`` known from
+    these codes: renumbered in order of first appearance (an integer factorize), so a reader's
+    factorize of the column costs nothing."""
+    codes = np.asarray(codes, np.int64)
+    column = strings_at(uniques, codes)
+    data = _arrow_data(pd.Series(column, copy=False))
+    if data is None:
+        return column
+    valid = codes >= 0
+    first_codes = np.full(codes.size, -1, np.int64)
+    taken, order = pd.factorize(codes[valid] if not valid.all() else codes)
+    first_codes[valid] = taken
+    names = np.array([str(x) for x in np.asarray(uniques, dtype=object)], dtype=object)[np.asarray(order, np.int64)]
+    _remember(data, first_codes, names)
+    return column
+
+
+def _remember(data, c: np.ndarray, u: np.ndarray) -> None:
+    """``codes``' memo entry of the Arrow data ``data``: (codes, distinct values), read-only."""
+    c.flags.writeable = False
+    u.flags.writeable = False
+    key = id(data)
+    _CODES[key] = (weakref.ref(data, lambda _, k=key: _CODES.pop(k, None)), c, u)
 
 
 def group_keys(uniques: pd.Index, codes: np.ndarray):

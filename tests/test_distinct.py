@@ -84,3 +84,23 @@ def test_regex_memo_is_per_pattern_and_flags():
     loose = distinct.regex_flags(u, c, re.compile("^nccl", re.IGNORECASE))
     strict = distinct.regex_flags(u, c, re.compile("^nccl"))
     assert loose.tolist() == [True, True, False] and strict.tolist() == [False, True, False]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-1, 4), max_size=40), st.booleans())
+def test_strings_from_codes_makes_strings_at_with_pandas_codes_known(codes, sort):
+    """``strings_from_codes`` is ``strings_at``, and the codes it leaves for ``codes`` /
+    ``factorize`` are pandas' factorize of that column (first appearance, or sorted), never hashed
+    again: a consumer's factorize of a stored text column costs nothing."""
+    names = np.array(["zeta", "alpha", "Beta", "é", "a b"], dtype=object)
+    codes = np.array(codes, dtype=np.int64)
+    made = pd.Series(distinct.strings_from_codes(names, codes))
+    plain = pd.Series(distinct.strings_at(names, codes))
+    pd.testing.assert_series_equal(made, plain)
+    got_c, got_u = distinct.factorize(made, sort=sort)
+    want_c, want_u = pd.factorize(plain, sort=sort, use_na_sentinel=True)
+    assert np.array_equal(got_c, want_c)
+    pd.testing.assert_index_equal(got_u, want_u)
+    if len(codes) and (codes >= 0).any():
+        data = distinct._arrow_data(made)
+        assert data is not None and id(data) in distinct._CODES  # known before anyone asked

@@ -237,3 +237,39 @@ def test_store_reads_a_table_without_profkits_kinds_and_refuses_duplicate_names(
     pd.testing.assert_frame_equal(table_to_frame(plain), plain.to_pandas())
     with pytest.raises(ValueError, match="column names must differ"):  # as pandas' conversion refused them
         frame_to_table(pd.DataFrame([[1, 2], [3, 4]], columns=["a", "a"]))
+
+
+@pytest.mark.parametrize("store_kind", ["disk", "memory"])
+@pytest.mark.parametrize("n", [0, 1, 300])
+def test_coded_text_columns_come_back_as_the_text_columns_with_their_codes_known(store_kind, n, tmp_path):
+    """``as_strings`` columns (``distinct.coded`` Categoricals, as the rank task makes its pieces and
+    charged rows) come back from either store as the very columns ``distinct.strings_at`` makes
+    (dtype, values, missing ones), and ``distinct.codes`` / ``distinct.factorize`` of them, read
+    off the stored codes, are pandas' own factorize of those columns, sorted or not."""
+    import numpy as np
+    import pandas as pd
+
+    from profkit import distinct
+
+    rng = np.random.default_rng(n)
+    names = np.array(["wait:all_reduce", "cpu_op", "Zeta", "gpu:gemm", "ünïcode"], dtype=object)
+    codes = rng.integers(-1, len(names), n)
+    frame = pd.DataFrame({"rank": np.arange(n, dtype=np.int64), "phase": distinct.coded(names, codes),
+                          "kept": distinct.coded(names, np.maximum(codes, 0))})
+    want = frame.assign(phase=distinct.strings_at(names, codes))  # "kept" not listed: stored as it is
+    store = DiskStore(tmp_path / "scratch") if store_kind == "disk" else MemoryStore()
+    store.put("t", frame, as_strings=("phase", "absent"))
+    back = store.get("t")
+    pd.testing.assert_frame_equal(back.drop(columns="kept"), want.drop(columns="kept"), check_exact=True)
+    assert isinstance(back["kept"].dtype, pd.CategoricalDtype)  # pandas' own round trip, as before
+    assert back["kept"].astype(object).tolist() == frame["kept"].astype(object).tolist()
+    for sort in (False, True):
+        got_c, got_u = distinct.factorize(back["phase"], sort=sort)
+        want_c, want_u = pd.factorize(want["phase"], sort=sort, use_na_sentinel=True)
+        assert np.array_equal(got_c, want_c)
+        pd.testing.assert_index_equal(got_u, want_u)
+    assert np.array_equal(distinct.text_objects(back["phase"]), want["phase"].astype(str).to_numpy(dtype=object)) \
+        or (codes < 0).any()
+    only = store.get("t", ["phase"])  # a selection keeps the codes too
+    pd.testing.assert_series_equal(only["phase"], want["phase"])
+    store.close()

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analyze.vocabulary import WAITING_FOR_RANK_RE
+from profkit import distinct
 from profkit.distinct import group_keys
 from profkit.keys import sorted_groups
 
@@ -199,7 +200,7 @@ def cause_step_table(charged: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
                              "cause": pd.Series(dtype="object"), "ns": pd.Series(dtype="int64")})
     # groupby(["rank", "step", "cause"], sort=True).sum() over integer codes (the causes' in name order)
-    cause_c, causes = pd.factorize(charged["cause"], sort=True)
+    cause_c, causes = distinct.factorize(charged["cause"], sort=True)
     keep = np.flatnonzero(cause_c >= 0)  # a row without a cause is in no group, as groupby drops it
     rank = charged["rank"].to_numpy(np.int64)[keep]
     step = charged["step"].to_numpy(np.int64)[keep]

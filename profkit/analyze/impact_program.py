@@ -208,7 +208,7 @@ def gpu_work_rows(rank: int, windows: pd.DataFrame, gpu_pieces: pd.DataFrame,
     Why deferred: which kernels' time a replay may remove is known only once the straggler
     verdicts are made; the programs are built beside them (``pipeline.run_stages``), and summing
     every kernel's pieces over every GPU edge would cost more than the whole rest of a program."""
-    gp = gpu_pieces[gpu_pieces["rank"].to_numpy(np.int64) == rank] if len(gpu_pieces) else gpu_pieces
+    gp = _rank_rows(gpu_pieces, rank)
     if len(gp):
         gp = gp[gp["phase"].isin(list(gpu_phases)).to_numpy(dtype=bool)]
     parts = _gpu_parts(windows, _pieces_arrays(gp))
@@ -266,8 +266,7 @@ def rank_program(rank: int, syncs: pd.DataFrame, steps: pd.DataFrame, host_piece
     structure (points, busy and idle time, anchors) does not depend on it. ``defer_gpu``: leave
     the GPU-lane work rows out, and keep the windows they are summed over (``gpu_windows``) for
     ``gpu_work_rows`` and ``join_gpu_work`` once the phases are known."""
-    hp = host_pieces[host_pieces["rank"].to_numpy(np.int64) == rank] if len(host_pieces) else host_pieces
-    gp = gpu_pieces[gpu_pieces["rank"].to_numpy(np.int64) == rank] if len(gpu_pieces) else gpu_pieces
+    hp, gp = _rank_rows(host_pieces, rank), _rank_rows(gpu_pieces, rank)
     if gpu_phases is not None and len(gp):
         gp = gp[gp["phase"].isin(list(gpu_phases)).to_numpy(dtype=bool)]
     st = steps[steps["rank"].to_numpy(np.int64) == rank] if steps is not None and len(steps) else None
@@ -828,10 +827,23 @@ def _wait_mask(ph: np.ndarray, cat: np.ndarray, coded: tuple[np.ndarray, ...] | 
     return flags[inverse]
 
 
+def _rank_rows(pieces: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """The rank's rows of ``pieces``: the table itself where they are all its (a rank task's
+    pieces), not a copy whose text columns ``distinct.codes`` would factorize again."""
+    if not len(pieces):
+        return pieces
+    mine = pieces["rank"].to_numpy(np.int64) == rank
+    return pieces if mine.all() else pieces[mine]
+
+
 def _text_column(col: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``col.astype(str).to_numpy(dtype=object)``, its codes and distinct values as
     ``_str_factorize`` gives them: from one factorize of the column (Arrow's hash of its strings,
-    then one Python string per distinct value, shared by its rows)."""
+    then one Python string per distinct value, shared by its rows; a text column's ``distinct.codes``)."""
+    if distinct.is_text(col):
+        codes, names = distinct.codes(col)
+        if not (codes < 0).any():
+            return (names[codes] if codes.size else np.empty(0, dtype=object)), codes, names
     codes, uniques = pd.factorize(col, use_na_sentinel=True)
     codes = np.asarray(codes, np.int64)
     if (codes < 0).any() or not all(type(u) is str for u in uniques):  # as pandas spells them
@@ -857,7 +869,7 @@ def _pieces_arrays(p: pd.DataFrame) -> tuple[np.ndarray, ...]:
         z = np.empty(0, np.int64)
         return z, z, np.empty(0, object), np.empty(0, object)
     return (p["start_ns"].to_numpy(np.int64), p["end_ns"].to_numpy(np.int64),
-            p["phase"].astype(str).to_numpy(dtype=object), p["category"].astype(str).to_numpy(dtype=object))
+            distinct.text_objects(p["phase"]), distinct.text_objects(p["category"]))
 
 
 def _step_at(st: pd.DataFrame | None, t: np.ndarray) -> np.ndarray:

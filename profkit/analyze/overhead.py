@@ -45,7 +45,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from profkit import schema
+from profkit import distinct, schema
 from profkit.analyze import gpu
 from profkit.analyze import overhead_rank as per_rank
 from profkit.distinct import group_keys, strings_at
@@ -68,6 +68,9 @@ CAUSE_COLUMNS = [
 ]
 CAUSE_EXTRA_COLUMNS = ["category", "n_intervals", "share_of_charged", "example_dur_ns", "ranks_list"]
 CHARGED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "category", "gpu_state", "where"]
+CHARGED_TEXT = ("cause", "category", "gpu_state", "where")
+# what ``refine_waits``, ``cause_summary`` and ``compare.cause_step_table`` read of the charged rows
+SUMMARIZED_COLUMNS = ["rank", "step", "start_ns", "end_ns", "dur_ns", "cause", "category"]
 
 NO_STEP = -1  # step number of a whole-capture window (no step markers found)
 
@@ -132,7 +135,7 @@ def event_arrays(events: pd.DataFrame) -> per_rank.EventArrays:
 
 
 def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.DataFrame | None = None,
-                   arrays: per_rank.EventArrays | None = None, with_gpu: bool = True) -> pd.DataFrame:
+                   arrays: per_rank.EventArrays | None = None, with_gpu: bool = True, coded: bool = False) -> pd.DataFrame:
     """One row per charged interval: ``CHARGED_COLUMNS`` (see the module docstring).
 
     ``where`` is the innermost named span at that moment (context for waits, syncs, ops).
@@ -140,7 +143,8 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
     ``sync_waits``: ``sync_table.wait_intervals`` of the ranks (when the host was blocked in a
     collective); found in ``events`` when None (all ranks given on one clock). ``arrays``:
     ``event_arrays(events)``, when already built. ``with_gpu`` False: as if ``events`` held no
-    GPU rows (every instant of the windows is charged to the host).
+    GPU rows (every instant of the windows is charged to the host). ``coded``: the text columns
+    (``CHARGED_TEXT``) as ``distinct.coded`` Categoricals, for the store.
     """
     coded = attribute_coded(events, steps, sync_waits, arrays, with_gpu)
     if coded is None:
@@ -149,6 +153,7 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
     causes = vocab.array()
     cat = lambda f: np.concatenate([getattr(p, f) for _, p in parts])  # noqa: E731
     where = cat("where")
+    text = distinct.coded if coded else strings_at
     out = pd.DataFrame(
         {
             "rank": np.concatenate([np.full(p.start.size, r, np.int64) for r, p in parts]),
@@ -156,10 +161,10 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
             "start_ns": cat("start"),
             "end_ns": cat("end"),
             "dur_ns": cat("end") - cat("start"),
-            "cause": strings_at(causes, cat("cause")),
-            "category": strings_at(per_rank.CATEGORIES, cat("category")),
-            "gpu_state": strings_at(per_rank.STATES, cat("state")),
-            "where": strings_at(causes, where),
+            "cause": text(causes, cat("cause")),
+            "category": text(per_rank.CATEGORIES, cat("category")),
+            "gpu_state": text(per_rank.STATES, cat("state")),
+            "where": text(causes, where),
         }
     )
     return out[CHARGED_COLUMNS]
@@ -233,7 +238,7 @@ def cause_summary(charged: pd.DataFrame) -> dict[str, pd.DataFrame | int]:
         return {"n": 0}
     # groupby("cause", sort=False) and the drop_duplicates below over integer codes: hashing the
     # names of ~20k rows several times cost a rank ~15 ms
-    cause_c, causes = pd.factorize(charged["cause"])  # in order of appearance, as groupby(sort=False)
+    cause_c, causes = distinct.factorize(charged["cause"])  # in order of appearance, as groupby(sort=False)
     dur = charged["dur_ns"].to_numpy(np.int64)
     rank = charged["rank"].to_numpy(np.int64)
     has = np.flatnonzero(cause_c >= 0)  # a row without a cause is in no group
@@ -246,7 +251,7 @@ def cause_summary(charged: pd.DataFrame) -> dict[str, pd.DataFrame | int]:
         "example_rank": rank[top], "example_step": charged["step"].to_numpy(np.int64)[top],
         "example_start_ns": charged["start_ns"].to_numpy(np.int64)[top], "example_dur_ns": dur[top],
     })
-    cat_c, categories = pd.factorize(charged["category"])
+    cat_c, categories = distinct.factorize(charged["category"])
     both = np.flatnonzero((cause_c >= 0) & (cat_c >= 0))
     first, n = _first_of_each((cause_c[both], cat_c[both]))
     cats = pd.DataFrame({"cause": group_keys(causes, cause_c[both][first]),
@@ -321,7 +326,7 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
     if not len(charged) or arrivals is None or not len(arrivals):
         return charged
     out = charged.copy()
-    codes, names = pd.factorize(out["cause"], use_na_sentinel=True)
+    codes, names = distinct.factorize(out["cause"])
     if (codes < 0).any():
         return _refine_waits_rows(out, arrivals)
     # causes as codes: each new name is made once per distinct last arriver / cause, not per row
@@ -340,7 +345,7 @@ def refine_waits(charged: pd.DataFrame, arrivals: pd.DataFrame) -> pd.DataFrame:
         codes[rows] = np.array([code_of(waiting_for_rank(k)) for k in ks], np.int64)[inv.reshape(-1)]
         cs, inv = np.unique(codes[own], return_inverse=True)
         codes[own] = np.array([code_of(str(transfer_cause(names[c]))) for c in cs], np.int64)[inv.reshape(-1)]
-    out["cause"] = strings_at(np.array(names, dtype=object), codes)
+    out["cause"] = distinct.strings_from_codes(np.array(names, dtype=object), codes)  # its codes known to the summaries
     return out
 
 

@@ -367,12 +367,13 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
         charged = overhead.attribute_gaps(events.iloc[:0], steps, waits.iloc[:0])
     else:
         windows = overhead.analysis_windows(events, steps)
-        charged = overhead.attribute_gaps(events, windows, waits, arrays=arrays)
+        charged = overhead.attribute_gaps(events, windows, waits, arrays=arrays, coded=True)
     extents = trace_windows(events)
-    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents, waits, steps, arrays=arrays, gpu=gpu)
-    store.put(charged_key(rank), charged)  # waits not yet named after the last arriver
-    store.put(f"host-pieces-{rank}", host_pieces)
-    store.put(f"gpu-pieces-{rank}", gpu_pieces)
+    # the pieces' names go to the store as codes, and come back as text with their codes known
+    host_pieces, gpu_pieces = ph_mod.timeline_pieces(events, extents, waits, steps, arrays=arrays, gpu=gpu, coded=True)
+    store.put(charged_key(rank), charged, as_strings=overhead.CHARGED_TEXT)  # waits not yet named after the last arriver
+    store.put(f"host-pieces-{rank}", host_pieces, as_strings=ph_mod.PIECE_TEXT)
+    store.put(f"gpu-pieces-{rank}", gpu_pieces, as_strings=ph_mod.PIECE_TEXT)
     store.put(gpu_ops_key(rank), impact_program.gpu_ops(events, gpu))
     if keep_aligned:
         store.put(aligned_key(rank), events)
@@ -410,7 +411,8 @@ def finish_task(rank: int, windows: dict[str, pd.DataFrame] | None, arrivals: pd
     if windows is not None:
         host, gpu = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}")
         phases, n = rank_window_phases(windows, host, gpu), len(host) + len(gpu)
-    charged = store.get(charged_key(rank))
+    # only what the summaries read, unless the rows are kept (the spans they fell in are not)
+    charged = store.get(charged_key(rank), None if keep_charged else overhead.SUMMARIZED_COLUMNS)
     if arrivals is not None and len(arrivals):
         charged = overhead.refine_waits(charged, arrivals)
     if keep_charged:

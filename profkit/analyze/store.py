@@ -19,9 +19,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.feather as feather
 
-from profkit import schema
+from profkit import distinct, schema
 
 _KINDS_KEY = schema.FRAME_KINDS_KEY
+_STRINGS = "strings"  # a text column stored as codes and names (``frame_to_table``'s ``as_strings``)
 
 
 def _column_kind(dtype) -> str:
@@ -44,16 +45,25 @@ def _column_kind(dtype) -> str:
     return f"ext:{dtype}" if same else "native"
 
 
-def frame_to_table(frame: pd.DataFrame) -> pa.Table:
+def frame_to_table(frame: pd.DataFrame, as_strings: tuple[str, ...] = ()) -> pa.Table:
     """A DataFrame as an Arrow table that ``table_to_frame`` turns back into the same frame.
 
     Columns are converted one by one from their arrays: pandas' own conversion (``Table.from_pandas``,
     and ``to_pandas`` reading its metadata back) costs ~1-3 ms a table whatever its size, paid on
-    every store round trip of every rank; it is kept only for the rare ``native`` columns."""
+    every store round trip of every rank; it is kept only for the rare ``native`` columns.
+
+    ``as_strings``: columns that are Categoricals of distinct strings (``distinct.coded``) standing
+    for text columns: stored as their codes and names (an Arrow dictionary), and read back as the
+    text column ``distinct.strings_at`` makes of them, its codes known (``distinct.strings_from_codes``).
+    A rank's timeline pieces name ~10^5 rows with a few hundred phases: their strings were most
+    of the bytes written and read, and each reader factorized them again."""
     names = [str(c) for c in frame.columns]
     if len(set(names)) != len(names):
         raise ValueError(f"a stored table's column names must differ: {names}")
     kinds = {name: _column_kind(dtype) for name, dtype in zip(names, frame.dtypes)}
+    for name in as_strings:
+        if name in kinds and isinstance(frame[name].dtype, pd.CategoricalDtype):
+            kinds[name] = _STRINGS
     legacy = [c for c, name in zip(frame.columns, names) if kinds[name] == "native"]
     pandas_made = pa.Table.from_pandas(frame[legacy], preserve_index=False) if legacy else None
     columns = dict(zip(pandas_made.column_names, pandas_made.columns)) if pandas_made is not None else {}
@@ -67,6 +77,11 @@ def frame_to_table(frame: pd.DataFrame) -> pa.Table:
             columns[name] = pa.array(frame[c].to_numpy())
         elif kind.startswith("ext:"):
             columns[name] = pa.array(frame[c].array)
+        elif kind == _STRINGS:
+            cat = frame[c].array
+            codes = np.asarray(cat.codes, np.int32)
+            columns[name] = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0),
+                                                           pa.array(list(cat.categories), pa.large_string()))
     meta = dict(pandas_made.schema.metadata or {}) if pandas_made is not None else {}  # the native columns' dtypes
     meta[_KINDS_KEY] = json.dumps(kinds).encode()
     return pa.Table.from_arrays([columns[name] for name in names], names=names, metadata=meta)
@@ -100,7 +115,26 @@ def table_to_frame(table: pa.Table) -> pd.DataFrame:
             parts[name] = np.array(col.to_numpy(zero_copy_only=False) if col.num_chunks else [], dtype=np.dtype(kind[6:]))
         elif kind.startswith("ext:"):
             parts[name] = pd.api.types.pandas_dtype(kind[4:]).__from_arrow__(col)
+        elif kind == _STRINGS:
+            parts[name] = _strings_column(col)
     return pd.DataFrame({c: parts[c] for c in names}, index=pd.RangeIndex(table.num_rows), copy=False)
+
+
+def _strings_column(col: pa.ChunkedArray):
+    """A stored ``strings`` column (a dictionary of names) as the text column it stands for."""
+    col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    indices = col.indices.to_numpy(zero_copy_only=False) if col.null_count == 0 else \
+        col.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    return distinct.strings_from_codes(np.asarray(col.dictionary.to_pylist(), dtype=object), indices)
+
+
+def _decoded(frame: pd.DataFrame, as_strings: tuple[str, ...]) -> pd.DataFrame:
+    """``frame`` with its ``as_strings`` Categoricals made the text columns they stand for."""
+    coded = [c for c in as_strings if c in frame.columns and isinstance(frame[c].dtype, pd.CategoricalDtype)]
+    if not coded:
+        return frame
+    return frame.assign(**{c: distinct.strings_from_codes(np.asarray(frame[c].cat.categories, dtype=object),
+                                                          frame[c].cat.codes.to_numpy(np.int64)) for c in coded})
 
 
 class MemoryStore:
@@ -112,8 +146,8 @@ class MemoryStore:
         self._frames: dict[str, pd.DataFrame] = {}
         self._tables: dict[str, pa.Table] = {}
 
-    def put(self, key: str, frame: pd.DataFrame) -> None:
-        self._frames[key] = frame.reset_index(drop=True)
+    def put(self, key: str, frame: pd.DataFrame, as_strings: tuple[str, ...] = ()) -> None:
+        self._frames[key] = _decoded(frame, as_strings).reset_index(drop=True)
 
     def get(self, key: str, columns: list[str] | None = None) -> pd.DataFrame:
         if key not in self._frames and key in self._tables:  # a table put as a frame's (``arrow_frame_table``)
@@ -166,8 +200,8 @@ class DiskStore:
     def _path(self, key: str) -> Path:
         return self.root / f"{key}.arrow"
 
-    def put(self, key: str, frame: pd.DataFrame) -> None:
-        self.put_table(key, frame_to_table(frame))
+    def put(self, key: str, frame: pd.DataFrame, as_strings: tuple[str, ...] = ()) -> None:
+        self.put_table(key, frame_to_table(frame, as_strings))
 
     def get(self, key: str, columns: list[str] | None = None) -> pd.DataFrame:
         return table_to_frame(self.get_table(key, columns))

@@ -77,14 +77,16 @@ def kernel_label(name: str) -> str:
 # ---- labelling -----------------------------------------------------------------------------
 def timeline_pieces(events: pd.DataFrame, extents: pd.DataFrame, sync_waits: pd.DataFrame | None = None,
                     steps: pd.DataFrame | None = None, arrays=None,
-                    gpu: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    gpu: pd.DataFrame | None = None, coded: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Host pieces (``labelled_pieces``) and GPU pieces (``gpu_pieces``) of every rank.
     ``arrays``: ``overhead.event_arrays(events)`` and ``gpu``: ``gpu_rows(events)``, when the
-    caller has them (the rank task shares them with the causes and the replay's GPU ops)."""
+    caller has them (the rank task shares them with the causes and the replay's GPU ops).
+    ``coded``: one rank's pieces, their ``phase`` and ``category`` as ``distinct.coded``
+    Categoricals, for the store (``PIECE_TEXT``); several ranks' are text columns whatever it says."""
     if events is None or not len(events) or not len(extents):
         return _empty_pieces(), _empty_pieces()
     g = _GpuArrays.build(gpu if gpu is not None else gpu_rows(events))
-    return labelled_pieces(events, extents, g, sync_waits, steps, arrays), gpu_pieces(g)
+    return labelled_pieces(events, extents, g, sync_waits, steps, arrays, coded), gpu_pieces(g, coded)
 
 
 def gpu_rows(events: pd.DataFrame, arrays: "EventArrays | None" = None) -> pd.DataFrame:
@@ -131,7 +133,7 @@ def _factorize_str(names: pd.Series) -> tuple[np.ndarray, object]:
     return pd.factorize(names.astype(str))
 
 
-def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
+def gpu_pieces(g: "_GpuArrays", coded: bool = False) -> pd.DataFrame:
     """The GPU timeline of each rank: compute-busy time (not communication) cut where kernels
     start and end, each piece named ``gpu:<kernel>`` after the kernel running there."""
     parts = []
@@ -145,14 +147,13 @@ def gpu_pieces(g: "_GpuArrays") -> pd.DataFrame:
         ps, pe, _ = split_at(busy[0], busy[1], iv.unique_sorted(np.concatenate([layer.starts, layer.ends])))
         j = covering(layer, ps)
         ok = (j >= 0) & (pe > ps)
-        parts.append(_merge_labels(rank, ps[ok], pe[ok], layer.codes[j[ok]], g.vocab))
-    parts = [p for p in parts if len(p)]
-    return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
+        parts.append(_merge_labels(rank, ps[ok], pe[ok], layer.codes[j[ok]], g.vocab, coded))
+    return _joined_pieces(parts)
 
 
 def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_GpuArrays | None" = None,
                     sync_waits: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
-                    arrays=None) -> pd.DataFrame:
+                    arrays=None, coded: bool = False) -> pd.DataFrame:
     """Disjoint phase pieces per rank over ``extents`` (``rank, trace_start_ns, trace_end_ns``):
     ``PIECE_COLUMNS``, sorted by rank and start (see the module docstring for the rules).
     ``sync_waits``: the host-blocking collectives (``sync_table.wait_intervals``; found in
@@ -176,9 +177,23 @@ def labelled_pieces(events: pd.DataFrame, extents: pd.DataFrame, gpu_arrays: "_G
         charges, vocab = host
         causes = vocab.array()
         for r, h in charges:
-            parts.append(_rank_pieces(r, h, causes, runs.get(r, iv.empty()), copies.get(r, iv.empty()), gpu_ev))
+            parts.append(_rank_pieces(r, h, causes, runs.get(r, iv.empty()), copies.get(r, iv.empty()), gpu_ev, coded))
+    return _joined_pieces(parts)
+
+
+PIECE_TEXT = ("phase", "category")  # the pieces' text columns (Categoricals where ``coded``)
+
+
+def _joined_pieces(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The ranks' pieces one after the other; coded ones (``distinct.coded``) stay coded only
+    alone: each rank names its own phases, so several ranks' are made text columns first."""
     parts = [p for p in parts if len(p)]
-    return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS] if parts else _empty_pieces()
+    if not parts:
+        return _empty_pieces()
+    if len(parts) > 1:
+        parts = [p.assign(**{c: strings_at(np.asarray(p[c].cat.categories, dtype=object), p[c].cat.codes.to_numpy())
+                             for c in PIECE_TEXT if isinstance(p[c].dtype, pd.CategoricalDtype)}) for p in parts]
+    return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS]
 
 
 class _GpuArrays:
@@ -326,7 +341,7 @@ def _blocking_copies(events: pd.DataFrame) -> dict[int, iv.Intervals]:
 
 
 def _rank_pieces(rank: int, host, causes: np.ndarray, run_iv: iv.Intervals, copy_iv: iv.Intervals,
-                 g: _GpuArrays) -> pd.DataFrame:
+                 g: _GpuArrays, coded: bool = False) -> pd.DataFrame:
     """One rank's host pieces (``overhead.attribute_coded``'s charges of the rank: ``host``, cause
     ids naming ``causes``, never without a cause or category), cut and relabelled where the host
     ran launch-bound or was blocked on its GPU. Phases and categories are integer codes of one
@@ -370,11 +385,12 @@ def _rank_pieces(rank: int, host, causes: np.ndarray, run_iv: iv.Intervals, copy
             was, inv = np.unique(ph[copy_idle], return_inverse=True)
             ph[copy_idle] = np.array([code(f"{ov.HOST_SYNC} ({names[c]})") for c in was], np.int64)[inv.reshape(-1)]
         ct[copy_idle] = code(ov.HOST_SYNC)
-    return _merge_codes(rank, ps, pe, ph, ct, np.array(names, dtype=object))
+    return _merge_codes(rank, ps, pe, ph, ct, np.array(names, dtype=object), coded)
 
 
-def _merge_codes(rank: int, ps, pe, ph, ct, names: np.ndarray) -> pd.DataFrame:
-    """``_merge`` of pieces whose phase and category are codes into ``names``."""
+def _merge_codes(rank: int, ps, pe, ph, ct, names: np.ndarray, coded: bool = False) -> pd.DataFrame:
+    """``_merge`` of pieces whose phase and category are codes into ``names`` (distinct);
+    ``coded``: the columns as ``distinct.coded`` Categoricals, not strings."""
     if not ps.size:
         return _empty_pieces()
     order = np.argsort(ps, kind="stable")
@@ -382,8 +398,9 @@ def _merge_codes(rank: int, ps, pe, ph, ct, names: np.ndarray) -> pd.DataFrame:
     same = (pe[:-1] == ps[1:]) & (ph[:-1] == ph[1:]) & (ct[:-1] == ct[1:])
     first = np.flatnonzero(np.r_[True, ~same])
     last = np.r_[first[1:] - 1, ps.size - 1]
+    text = distinct.coded if coded else strings_at
     return pd.DataFrame({"rank": np.int64(rank), "start_ns": ps[first], "end_ns": pe[last],
-                         "phase": strings_at(names, ph[first]), "category": strings_at(names, ct[first])})
+                         "phase": text(names, ph[first]), "category": text(names, ct[first])})
 
 
 def _tiled_windows(extents: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
@@ -442,9 +459,10 @@ def _merge(rank: int, ps, pe, ph, ct) -> pd.DataFrame:
                          "phase": ph[first], "category": ct[first]})
 
 
-def _merge_labels(rank: int, ps, pe, codes, vocab: np.ndarray) -> pd.DataFrame:
+def _merge_labels(rank: int, ps, pe, codes, vocab: np.ndarray, coded: bool = False) -> pd.DataFrame:
     """``_merge`` of GPU pieces labelled ``vocab[codes]`` (distinct labels, so codes compare as
-    the labels do), category ``GPU_CATEGORY``: the strings are made per distinct label."""
+    the labels do), category ``GPU_CATEGORY``: the strings are made per distinct label
+    (``coded``: the columns as ``distinct.coded`` Categoricals)."""
     if not ps.size or not all(type(v) is str for v in vocab):
         return _merge(rank, ps, pe, vocab[codes], np.full(ps.size, GPU_CATEGORY, dtype=object))
     order = np.argsort(ps, kind="stable")
@@ -452,9 +470,10 @@ def _merge_labels(rank: int, ps, pe, codes, vocab: np.ndarray) -> pd.DataFrame:
     same = (pe[:-1] == ps[1:]) & (ph[:-1] == ph[1:])
     first = np.flatnonzero(np.r_[True, ~same])
     last = np.r_[first[1:] - 1, ps.size - 1]
+    text = distinct.coded if coded else strings_at
     return pd.DataFrame({"rank": np.int64(rank), "start_ns": ps[first], "end_ns": pe[last],
-                         "phase": strings_at(vocab, ph[first]),
-                         "category": strings_at(np.array([GPU_CATEGORY], dtype=object), np.zeros(first.size, np.int64))})
+                         "phase": text(vocab, ph[first]),
+                         "category": text(np.array([GPU_CATEGORY], dtype=object), np.zeros(first.size, np.int64))})
 
 
 def _empty_pieces() -> pd.DataFrame:
@@ -509,12 +528,7 @@ def _has_missing(col: pd.Series) -> bool:
     return bool((distinct.codes(col)[0] < 0).any()) if _is_text(col) else bool(col.isna().any())
 
 
-def _is_text(col: pd.Series) -> bool:
-    """An Arrow string column (``distinct.codes`` spells its values as they are)."""
-    dtype = col.dtype
-    return (isinstance(dtype, pd.ArrowDtype) and (pa.types.is_string(dtype.pyarrow_dtype)
-                                                  or pa.types.is_large_string(dtype.pyarrow_dtype))) or (
-        isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow")
+_is_text = distinct.is_text
 
 
 def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: int) -> pd.DataFrame | None:
@@ -556,8 +570,8 @@ def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: i
     ns = np.add.reduceat(dur[order], starts)[by_first]
     return pd.DataFrame({"window": np.asarray(wids, np.int64)[wcode[first]],
                          "rank": np.full(first.size, rank, np.int64),
-                         "phase": strings_at(pnames, pcode[idx[first]]),
-                         "category": strings_at(cnames, ccode[idx[first]]),
+                         "phase": distinct.strings_from_codes(pnames, pcode[idx[first]]),  # coded next
+                         "category": distinct.strings_from_codes(cnames, ccode[idx[first]]),
                          "ns": ns})[PHASE_COLUMNS]
 
 

@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from profkit import distinct
 from profkit.analyze import straggler_arrivals as arr_mod
 from profkit.analyze import straggler_phases as ph_mod
 from profkit.keys import first_match, sorted_groups
@@ -185,8 +186,8 @@ class WindowPhases:
         tables, vocab = {}, {}
         for kind in _KINDS:
             t = getattr(self, kind)
-            p, pu = pd.factorize(t["phase"])
-            c, cu = pd.factorize(t["category"])
+            p, pu = distinct.factorize(t["phase"])  # known where ``window_phases`` made them
+            c, cu = distinct.factorize(t["category"])
             tables[kind] = pd.DataFrame({"window": t["window"].to_numpy(np.int64), "rank": t["rank"].to_numpy(np.int64),
                                          "phase": np.asarray(p, np.int64), "category": np.asarray(c, np.int64),
                                          "ns": t["ns"].to_numpy(np.int64)}, copy=False)
