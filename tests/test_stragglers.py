@@ -547,3 +547,34 @@ def test_trace_windows_of_one_rank_as_of_many():
     assert len(trace_windows(only_instants)) == 0 and list(trace_windows(only_instants).columns) == WINDOW_COLUMNS
     assert len(trace_windows(schema.empty_frame())) == 0
     assert pa.types.is_int32(ev["rank"].dtype.pyarrow_dtype)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_phase_excess_over_the_ranks_parts_is_the_excess_over_their_joined_tables(seed):
+    """The driver takes the ranks' coded phase tables as the parts they came in
+    (``WindowPhases.join`` -> ``JoinedPhases``, never joined into one table first): the excess of
+    every kind over the parts must be the excess over the joined tables (``WindowPhases.concat``),
+    row for row, with the same names, for every window set and mask. Random ranks, some tables
+    empty, phases of zero time, windows of ranks without phases."""
+    rng = np.random.default_rng(100 + seed)
+    names = ["gc", "span_a", "span_b", "gpu:k", "wait:x", "zz"]
+    cats = ["span", "self", "gpu", "gc", "wait"]
+
+    def table(rank: int, rows: int) -> pd.DataFrame:
+        return pd.DataFrame({"window": rng.integers(0, 30, rows), "rank": np.full(rows, rank, np.int64),
+                             "phase": rng.choice(names, rows).astype(object), "category": rng.choice(cats, rows).astype(object),
+                             "ns": rng.integers(0, 1000, rows)})
+
+    parts = [st.WindowPhases(*(table(r, int(rng.integers(0, 40))) for _ in range(3))).coded() for r in range(6)]
+    joined, lazy = st.WindowPhases.concat(parts), st.WindowPhases.join(parts)
+    assert isinstance(lazy, st.JoinedPhases)
+    (j_codes, j_names, j_cats), (l_codes, l_names, l_cats) = joined.codes(), lazy.codes()
+    assert list(j_names) == list(l_names) and list(j_cats) == list(l_cats)
+    windows = pd.DataFrame({"window": np.repeat(np.arange(30), 7), "rank": np.tile(np.arange(7), 30)})
+    mask = rng.random(len(windows)) < 0.5
+    for kind, (jp, jc), (lp, lc) in zip(("host", "gpu", "acc"), j_codes, l_codes):
+        for rows in (None, mask):
+            want = ph_mod.coded_phase_excess(getattr(joined, kind), jp, jc, j_names, j_cats, windows, rows)
+            got = ph_mod.coded_phase_excess(getattr(lazy, kind), lp, lc, l_names, l_cats, windows, rows)
+            pd.testing.assert_frame_equal(got.rows, want.rows, check_exact=True)
+            assert len(want.rows) or not len(getattr(joined, kind))  # the case is not vacuous

@@ -158,11 +158,11 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     # the replay of what needs no verdict, by a worker once the programs are in (map 5)
     beside = _replay_beside(programs, steps, causes, store, ex) if in_store else None
     try:
-        phases = WindowPhases.concat([f.phases for f in fin]) if plan.measured else None
+        phases = WindowPhases.join([f.phases for f in fin]) if plan.measured else None
         for f in fin:
             f.phases = None
         _trim()
-        per_rank, per_instance, lateness = finish_stragglers(plan, phases)
+        per_rank, per_instance, lateness = finish_stragglers(plan, phases, released=_trim)
         del phases
         del fin
         plan.host_w = plan.gpu_w = plan.acc_w = None  # the windows were summed: the verdicts are made

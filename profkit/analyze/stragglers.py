@@ -70,6 +70,7 @@ straggler (the cause is shared; ``causes.csv`` shows it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -216,15 +217,62 @@ class WindowPhases:
             return pd.concat(frames, ignore_index=True) if frames else ph_mod._empty(ph_mod.PHASE_COLUMNS)
         return WindowPhases(cat("host"), cat("gpu"), cat("acc"))
 
+    @staticmethod
+    def join(parts: list["WindowPhases"]) -> "WindowPhases | JoinedPhases":
+        """The ranks' parts for ``finish_stragglers``: coded ones joined without copying their
+        tables (``JoinedPhases``), others concatenated (``concat``)."""
+        if parts and all(p.vocab is not None for p in parts):
+            return JoinedPhases.of(parts)
+        return WindowPhases.concat(parts)
+
+
+@dataclass
+class JoinedPhases:
+    """Coded parts (``WindowPhases.coded``, one per rank) joined as ``WindowPhases.concat`` joins
+    them, each kind's tables left as the parts they came in: per kind the list of part tables and
+    of their codes against the joined names. What ``finish_stragglers`` reads of a ``WindowPhases``
+    (``codes``, the three kinds' tables; ``straggler_phases.coded_phase_excess`` takes parts),
+    without the joined tables made first: at DEP32 x 1,000 they are ~280 MB of fresh memory the
+    driver wrote and faulted in (~0.6 s) only to take rows from them once."""
+
+    host: list[pd.DataFrame]
+    gpu: list[pd.DataFrame]
+    acc: list[pd.DataFrame]
+    part_codes: dict[str, list[tuple[np.ndarray, np.ndarray]]]
+    names: np.ndarray
+    categories: np.ndarray
+
+    @staticmethod
+    def of(parts: list[WindowPhases]) -> "JoinedPhases":
+        """The coded ``parts`` joined (``WindowPhases.concat``'s names and codes)."""
+        pieces, codes, names, cats = _joined_parts(parts)
+        tables = {kind: [getattr(p, k) for k, p in pieces if k == kind] for kind in _KINDS}
+        by_kind = {kind: [c for (k, _), c in zip(pieces, codes) if k == kind] for kind in _KINDS}
+        return JoinedPhases(tables["host"], tables["gpu"], tables["acc"], by_kind, names, cats)
+
+    def codes(self) -> tuple[list[tuple[list[np.ndarray], list[np.ndarray]]], np.ndarray, np.ndarray]:
+        """``WindowPhases.codes`` with each kind's codes as the list of its parts' codes, handed
+        over: the caller releases each kind's as it uses them (millions of rows at DEP32 x 1,000)."""
+        codes = [([p for p, _ in self.part_codes[k]], [c for _, c in self.part_codes[k]]) for k in _KINDS]
+        self.part_codes = {}
+        return codes, self.names, self.categories
+
+
+def _joined_parts(parts: list[WindowPhases]):
+    """(kind, part) of every non-empty table, in kind then part order; their codes against the
+    names of all of them (``straggler_phases.joined_codes``); the names and categories."""
+    pieces = [(kind, p) for kind in _KINDS for p in parts if len(getattr(p, kind))]
+    codes, names, cats = ph_mod.joined_codes([(getattr(p, kind)["phase"].to_numpy(np.int64),) + p.vocab[kind]
+                                              + (getattr(p, kind)["category"].to_numpy(np.int64),)
+                                              for kind, p in pieces])
+    return pieces, codes, names, cats
+
 
 def _concat_coded(parts: list[WindowPhases]) -> WindowPhases:
     """Coded parts joined: each kind's table in part order, codes against the names of every part
     and kind. Categories are named in order of first appearance over host, GPU, then accounting
     tables, each in part order: the order ``phase_codes`` finds them in the joined tables."""
-    pieces = [(kind, p) for kind in _KINDS for p in parts if len(getattr(p, kind))]
-    codes, names, cats = ph_mod.joined_codes([(getattr(p, kind)["phase"].to_numpy(np.int64),) + p.vocab[kind]
-                                              + (getattr(p, kind)["category"].to_numpy(np.int64),)
-                                              for kind, p in pieces])
+    pieces, codes, names, cats = _joined_parts(parts)
     tables = {}
     for kind in _KINDS:
         mine = [(getattr(p, k), c) for (k, p), c in zip(pieces, codes) if k == kind]
@@ -267,9 +315,13 @@ def rank_window_phases(windows: dict[str, pd.DataFrame], host_pieces: pd.DataFra
                         acc=ph_mod.window_phases(host_pieces, windows["acc"])).coded()
 
 
-def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def finish_stragglers(plan: StragglerPlan, phases: "WindowPhases | JoinedPhases | None",
+                      released: Callable[[], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The three tables from the plan and the phase sums of every rank (``phases`` is consumed:
-    its tables are released as soon as they are used)."""
+    its tables are released as soon as they are used; joined or left as the ranks' parts).
+    ``released``: called each time a kind's tables were let go (the driver gives the memory back:
+    the ranks' parts are scattered over its heap, where freeing alone would keep them)."""
+    released = released or (lambda: None)
     arrivals, report, steps, extents = plan.arrivals, plan.report, plan.steps, plan.extents
     if not plan.measured or phases is None:
         per_rank = _per_rank(plan.ranks, arrivals, steps, extents, _empty_excess(), {})
@@ -284,8 +336,10 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     (host_c, gpu_c, acc_c), names, cats = phases.codes()
     host_x = ph_mod.coded_phase_excess(phases.host, *host_c, names, cats, host_w, explain & ~gated).causes_only()
     phases.host = host_c = None  # consumed: at DEP32 x 1000 steps each table is millions of rows
+    released()
     gpu_x = ph_mod.coded_phase_excess(phases.gpu, *gpu_c, names, cats, gpu_w)  # every GPU window
     phases.gpu = gpu_c = None
+    released()
     wanted = arrivals.loc[explain & gated, ["instance", "rank"]]
     if len(wanted):
         gx = gpu_x.rows
@@ -301,6 +355,7 @@ def finish_stragglers(plan: StragglerPlan, phases: WindowPhases | None) -> tuple
     acc_step = dict(plan.acc_step)
     acc_x = ph_mod.coded_phase_excess(phases.acc, *acc_c, names, cats, plan.acc_w).causes_only()
     phases.acc = acc_c = None
+    released()
     host_only = acc_x.rows["category"].to_numpy(np.int64) != _category_code(acc_x, ph_mod.GPU_CATEGORY)
     acc_x = ph_mod.concat_excess([acc_x.take(host_only), gpu_x])
     del gpu_x  # joined into acc_x: millions of rows not to hold twice
