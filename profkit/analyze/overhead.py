@@ -146,10 +146,10 @@ def attribute_gaps(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Dat
     GPU rows (every instant of the windows is charged to the host). ``coded``: the text columns
     (``CHARGED_TEXT``) as ``distinct.coded`` Categoricals, for the store.
     """
-    coded = attribute_coded(events, steps, sync_waits, arrays, with_gpu)
-    if coded is None:
+    got = attribute_coded(events, steps, sync_waits, arrays, with_gpu)
+    if got is None:
         return _empty_charged()
-    parts, vocab = coded
+    parts, vocab = got
     causes = vocab.array()
     cat = lambda f: np.concatenate([getattr(p, f) for _, p in parts])  # noqa: E731
     where = cat("where")
