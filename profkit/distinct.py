@@ -195,13 +195,16 @@ def strings_at(uniques: np.ndarray, codes: np.ndarray):
     return pd.array(taken, dtype=STR_DTYPE)
 
 
-def coded(uniques: np.ndarray, codes: np.ndarray) -> pd.Categorical:
+def coded(uniques: np.ndarray, codes: np.ndarray):
     """``strings_at``'s values kept as codes (a Categorical of the distinct strings ``uniques``),
     for a table that goes to the store as they are (``store.frame_to_table``'s ``strings``
     columns): no string per row is made or written, and ``strings_from_codes`` gives the reader
-    the same column with its ``codes`` known."""
-    return pd.Categorical.from_codes(np.asarray(codes, np.int64), categories=pd.Index(np.asarray(uniques, dtype=object),
-                                                                                      dtype=object))
+    the same column with its ``codes`` known. ``strings_at`` itself where ``uniques`` are not
+    distinct strings (the store then keeps the column as it is)."""
+    names = np.asarray(uniques, dtype=object)
+    if not all(type(u) is str for u in names) or len(set(names.tolist())) != names.size:
+        return strings_at(names, codes)
+    return pd.Categorical.from_codes(np.asarray(codes, np.int64), categories=pd.Index(names, dtype=object))
 
 
 def strings_from_codes(uniques: np.ndarray, codes: np.ndarray):

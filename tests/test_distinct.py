@@ -104,3 +104,15 @@ def test_strings_from_codes_makes_strings_at_with_pandas_codes_known(codes, sort
     if len(codes) and (codes >= 0).any():
         data = distinct._arrow_data(made)
         assert data is not None and id(data) in distinct._CODES  # known before anyone asked
+
+
+def test_coded_keeps_text_where_its_names_are_not_distinct_strings():
+    """``coded`` stands for ``strings_at`` only over distinct strings (a Categorical needs them,
+    the store writes them as an Arrow dictionary); other names give ``strings_at``'s column."""
+    codes = np.array([0, 1, 1, -1], np.int64)
+    cat = distinct.coded(np.array(["a", "b"], dtype=object), codes)
+    assert isinstance(cat, pd.Categorical) and list(cat.astype(object)[:3]) == ["a", "b", "b"]
+    for names in (np.array(["a", "a"], dtype=object), np.array(["a", None], dtype=object)):
+        got = distinct.coded(names, codes)
+        assert not isinstance(got, pd.Categorical)
+        pd.testing.assert_series_equal(pd.Series(got), pd.Series(distinct.strings_at(names, codes)))

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from profkit.analyze.vocabulary import WAITING_FOR_RANK_RE
 from profkit import distinct
+from profkit.analyze.vocabulary import WAITING_FOR_RANK_RE
 from profkit.distinct import group_keys
 from profkit.keys import sorted_groups
 
