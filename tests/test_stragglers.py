@@ -435,6 +435,15 @@ def test_real_clean_torch_capture_rank0_host_was_slower():
     assert per_inst["arrival_skew_ns"].max() < 10_000_000  # the 554 ms barrier skew is gone
 
 
+def _random_phases(rng: np.random.Generator, rank: int, rows: int, windows: int) -> pd.DataFrame:
+    """A rank's ``window_phases`` table of random windows, phases (a GPU one, a wait), categories and times."""
+    names = ["gc", "span_a", "span_b", "gpu:k", "wait:x", "zz"]
+    cats = ["span", "self", "gpu", "gc", "wait"]
+    return pd.DataFrame({"window": rng.integers(0, windows, rows), "rank": np.full(rows, rank, np.int64),
+                         "phase": rng.choice(names, rows).astype(object), "category": rng.choice(cats, rows).astype(object),
+                         "ns": rng.integers(0, 1000, rows)})
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_coded_window_phases_join_as_phase_codes(seed):
     """The ranks' phase tables cross to the driver as integer codes against their own names
@@ -444,13 +453,9 @@ def test_coded_window_phases_join_as_phase_codes(seed):
     categories first appear in different tables and orders, one table empty on some ranks, a
     null phase on one rank."""
     rng = np.random.default_rng(seed)
-    names = ["gc", "span_a", "span_b", "gpu:k", "wait:x", "zz"]
-    cats = ["span", "self", "gpu", "gc", "wait"]
 
     def table(rank: int, rows: int) -> pd.DataFrame:
-        return pd.DataFrame({"window": rng.integers(0, 50, rows), "rank": np.full(rows, rank, np.int64),
-                             "phase": rng.choice(names, rows).astype(object), "category": rng.choice(cats, rows).astype(object),
-                             "ns": rng.integers(0, 1000, rows)})
+        return _random_phases(rng, rank, rows, 50)
 
     parts = []
     for r in range(5):
@@ -557,15 +562,8 @@ def test_phase_excess_over_the_ranks_parts_is_the_excess_over_their_joined_table
     row for row, with the same names, for every window set and mask. Random ranks, some tables
     empty, phases of zero time, windows of ranks without phases."""
     rng = np.random.default_rng(100 + seed)
-    names = ["gc", "span_a", "span_b", "gpu:k", "wait:x", "zz"]
-    cats = ["span", "self", "gpu", "gc", "wait"]
-
-    def table(rank: int, rows: int) -> pd.DataFrame:
-        return pd.DataFrame({"window": rng.integers(0, 30, rows), "rank": np.full(rows, rank, np.int64),
-                             "phase": rng.choice(names, rows).astype(object), "category": rng.choice(cats, rows).astype(object),
-                             "ns": rng.integers(0, 1000, rows)})
-
-    parts = [st.WindowPhases(*(table(r, int(rng.integers(0, 40))) for _ in range(3))).coded() for r in range(6)]
+    parts = [st.WindowPhases(*(_random_phases(rng, r, int(rng.integers(0, 40)), 30) for _ in range(3))).coded()
+             for r in range(6)]
     joined, lazy = st.WindowPhases.concat(parts), st.WindowPhases.join(parts)
     assert isinstance(lazy, st.JoinedPhases)
     (j_codes, j_names, j_cats), (l_codes, l_names, l_cats) = joined.codes(), lazy.codes()
