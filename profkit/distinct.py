@@ -214,8 +214,8 @@ def strings_from_codes(uniques: np.ndarray, codes: np.ndarray):
     codes = np.asarray(codes, np.int64)
     column = strings_at(uniques, codes)
     data = _arrow_data(pd.Series(column, copy=False))
-    if data is None:
-        return column
+    if data is None or len(set(np.asarray(uniques, dtype=object).tolist())) != len(uniques):
+        return column  # not distinct: two codes of one string are one code of the column (left to ``codes``)
     valid = codes >= 0
     first_codes = np.full(codes.size, -1, np.int64)
     taken, order = pd.factorize(codes[valid] if not valid.all() else codes)

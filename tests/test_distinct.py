@@ -116,3 +116,13 @@ def test_coded_keeps_text_where_its_names_are_not_distinct_strings():
         got = distinct.coded(names, codes)
         assert not isinstance(got, pd.Categorical)
         pd.testing.assert_series_equal(pd.Series(got), pd.Series(distinct.strings_at(names, codes)))
+
+
+def test_strings_from_codes_of_names_that_repeat_leaves_the_codes_to_pandas():
+    """Two codes naming one string are one value of the column: its codes are then pandas' own
+    factorize of it (nothing remembered from the given codes)."""
+    names = np.array(["a", "b", "a"], dtype=object)
+    made = pd.Series(distinct.strings_from_codes(names, np.array([2, 1, 0, 2], np.int64)))
+    got_c, got_u = distinct.factorize(made)
+    want_c, want_u = pd.factorize(pd.Series(["a", "b", "a", "a"], dtype=made.dtype), use_na_sentinel=True)
+    assert np.array_equal(got_c, want_c) and list(got_u) == list(want_u) == ["a", "b"]
