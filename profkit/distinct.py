@@ -202,9 +202,20 @@ def coded(uniques: np.ndarray, codes: np.ndarray):
     the same column with its ``codes`` known. ``strings_at`` itself where ``uniques`` are not
     distinct strings (the store then keeps the column as it is)."""
     names = np.asarray(uniques, dtype=object)
-    if not all(type(u) is str for u in names) or len(set(names.tolist())) != names.size:
+    if not _distinct_strings(names):
         return strings_at(names, codes)
     return pd.Categorical.from_codes(np.asarray(codes, np.int64), categories=pd.Index(names, dtype=object))
+
+
+def from_coded(values: pd.Series):
+    """The text column a ``coded`` Categorical stands for (``strings_from_codes``: its codes known)."""
+    return strings_from_codes(np.asarray(values.cat.categories, dtype=object), values.cat.codes.to_numpy(np.int64))
+
+
+def _distinct_strings(names: np.ndarray) -> bool:
+    """Every name a Python string, none twice: codes into them compare as the strings do."""
+    values = names.tolist()
+    return all(type(u) is str for u in values) and len(set(values)) == len(values)
 
 
 def strings_from_codes(uniques: np.ndarray, codes: np.ndarray):
@@ -214,7 +225,7 @@ def strings_from_codes(uniques: np.ndarray, codes: np.ndarray):
     codes = np.asarray(codes, np.int64)
     column = strings_at(uniques, codes)
     data = _arrow_data(pd.Series(column, copy=False))
-    if data is None or len(set(np.asarray(uniques, dtype=object).tolist())) != len(uniques):
+    if data is None or not _distinct_strings(np.asarray(uniques, dtype=object)):
         return column  # not distinct: two codes of one string are one code of the column (left to ``codes``)
     valid = codes >= 0
     first_codes = np.full(codes.size, -1, np.int64)

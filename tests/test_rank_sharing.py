@@ -117,3 +117,29 @@ def test_strings_at_builds_the_column_pandas_infers():
         codes = np.asarray(codes, np.int64)
         want = pd.DataFrame({"c": np.where(codes >= 0, names[np.maximum(codes, 0)], None)})
         pd.testing.assert_frame_equal(pd.DataFrame({"c": strings_at(names, codes)}), want)
+
+
+def test_coded_pieces_and_charged_rows_are_the_text_ones(rank_events):
+    """The rank task asks for its pieces and charged rows coded (``coded=True``: Categoricals the
+    store writes as codes and names); they must stand for the very text columns the plain calls
+    make, one rank at a time and, for the pieces, several ranks at once (joined as text)."""
+    from profkit import distinct
+
+    def as_text(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.assign(**{c: distinct.from_coded(frame[c]) for c in frame.columns
+                               if isinstance(frame[c].dtype, pd.CategoricalDtype)})
+
+    every = pd.concat(rank_events, ignore_index=True)
+    for ev in rank_events + [every]:
+        steps = step_table(ev)
+        waits = wait_intervals(collective_candidates(ev))
+        extents = trace_windows(ev)
+        plain = ph.timeline_pieces(ev, extents, waits, steps)
+        coded = ph.timeline_pieces(ev, extents, waits, steps, coded=True)
+        for got, want in zip(coded, plain):
+            pd.testing.assert_frame_equal(as_text(got), want)
+        if ev is not every:
+            windows = ov.analysis_windows(ev, steps)
+            charged = ov.attribute_gaps(ev, windows, waits, coded=True)
+            assert isinstance(charged["cause"].dtype, pd.CategoricalDtype)
+            pd.testing.assert_frame_equal(as_text(charged), ov.attribute_gaps(ev, windows, waits))

@@ -133,8 +133,7 @@ def _decoded(frame: pd.DataFrame, as_strings: tuple[str, ...]) -> pd.DataFrame:
     coded = [c for c in as_strings if c in frame.columns and isinstance(frame[c].dtype, pd.CategoricalDtype)]
     if not coded:
         return frame
-    return frame.assign(**{c: distinct.strings_from_codes(np.asarray(frame[c].cat.categories, dtype=object),
-                                                          frame[c].cat.codes.to_numpy(np.int64)) for c in coded})
+    return frame.assign(**{c: distinct.from_coded(frame[c]) for c in coded})
 
 
 class MemoryStore:

@@ -191,8 +191,8 @@ def _joined_pieces(parts: list[pd.DataFrame]) -> pd.DataFrame:
     if not parts:
         return _empty_pieces()
     if len(parts) > 1:
-        parts = [p.assign(**{c: strings_at(np.asarray(p[c].cat.categories, dtype=object), p[c].cat.codes.to_numpy())
-                             for c in PIECE_TEXT if isinstance(p[c].dtype, pd.CategoricalDtype)}) for p in parts]
+        parts = [p.assign(**{c: distinct.from_coded(p[c]) for c in PIECE_TEXT
+                             if isinstance(p[c].dtype, pd.CategoricalDtype)}) for p in parts]
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS]
 
 
@@ -728,21 +728,19 @@ def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.nd
     w_ids, n_per = _counts(windows["window"].to_numpy(np.int64))
     want_w = want["window"].to_numpy(np.int64)
     # the kept rows of every part written once into columns made for them (a join of the parts
-    # first, or of their kept rows, would write each row twice into fresh memory)
-    kept = []
-    for t, _, _ in parts:
-        keep, _ = _window_positions(t["window"].to_numpy(np.int64), w_ids, want_w)
-        keep &= t["ns"].to_numpy(np.int64) > 0
-        kept.append(keep)
+    # first, or of their kept rows, would write each row twice into fresh memory): which rows
+    # are kept first, then their windows' positions, from one index of the windows
+    index = _WindowIndex(w_ids, want_w)
+    kept = [index.wanted(t["window"].to_numpy(np.int64)) & (t["ns"].to_numpy(np.int64) > 0) for t, _, _ in parts]
     bounds = np.r_[0, np.cumsum([int(k.sum()) for k in kept])]
     if not bounds[-1]:
         return _empty_coded(names, categories)
     w_pos, ns, pr, pc, cc = (np.empty(int(bounds[-1]), np.int64) for _ in range(5))
     for (t, t_pc, t_cc), keep, a, b in zip(parts, kept, bounds[:-1], bounds[1:]):
-        _, t_pos = _window_positions(t["window"].to_numpy(np.int64), w_ids, want_w)
+        t_pos = index.positions(t["window"].to_numpy(np.int64))
         for src, out in ((t_pos, w_pos), (t["ns"], ns), (t["rank"], pr), (t_pc, pc), (t_cc, cc)):
             np.compress(keep, np.asarray(src, np.int64), out=out[a:b])
-    del parts, kept
+    del parts, kept, index
     # one stable sort by (window, phase in order of first appearance, ns), as one int64 key
     seen = pd.unique(pc)
     local = np.zeros(max(len(names), 1), np.int64)
@@ -868,18 +866,43 @@ def _window_positions(pw: np.ndarray, w_ids: np.ndarray, want_w: np.ndarray) -> 
     """(whether each phase row's window is one of ``want_w``, the position of its window in
     ``w_ids``: sorted, distinct, holding every wanted one): ``np.isin`` and ``np.searchsorted``,
     read from a table indexed by window id where the ids are dense (they are numbered from 0)."""
-    if not w_ids.size:
-        return np.zeros(pw.size, bool), np.zeros(pw.size, np.int64)
-    first, span = int(w_ids[0]), int(w_ids[-1]) - int(w_ids[0]) + 1
-    if span > 4 * w_ids.size + 4096:  # sparse ids: a table would be mostly empty
-        return np.isin(pw, want_w), np.searchsorted(w_ids, pw)
-    pos_of = np.zeros(span + 1, np.int64)  # the last slot: ids outside w_ids' range
-    pos_of[w_ids - first] = np.arange(w_ids.size)
-    wanted = np.zeros(span + 1, bool)
-    wanted[want_w - first] = True
-    at = pw - first
-    at[(at < 0) | (at >= span)] = span
-    return wanted[at], pos_of[at]
+    index = _WindowIndex(w_ids, want_w)
+    if not index.dense:
+        return index.wanted(pw), index.positions(pw)
+    at = index._at(pw)
+    return index.is_wanted[at], index.pos_of[at]
+
+
+class _WindowIndex:
+    """``_window_positions``' two lookups, each on its own, over tables made once for the
+    windows: ``coded_phase_excess`` asks every rank's part which rows are wanted, then where
+    the kept ones' windows are."""
+
+    def __init__(self, w_ids: np.ndarray, want_w: np.ndarray) -> None:
+        self.w_ids, self.want_w = w_ids, want_w
+        self.first = int(w_ids[0]) if w_ids.size else 0
+        self.span = int(w_ids[-1]) - self.first + 1 if w_ids.size else 0
+        self.dense = bool(w_ids.size) and self.span <= 4 * w_ids.size + 4096  # else a table would be mostly empty
+        if self.dense:
+            self.pos_of = np.zeros(self.span + 1, np.int64)  # the last slot: ids outside w_ids' range
+            self.pos_of[w_ids - self.first] = np.arange(w_ids.size)
+            self.is_wanted = np.zeros(self.span + 1, bool)
+            self.is_wanted[want_w - self.first] = True
+
+    def _at(self, pw: np.ndarray) -> np.ndarray:
+        at = pw - self.first
+        at[(at < 0) | (at >= self.span)] = self.span
+        return at
+
+    def wanted(self, pw: np.ndarray) -> np.ndarray:
+        if not self.w_ids.size:
+            return np.zeros(pw.size, bool)
+        return self.is_wanted[self._at(pw)] if self.dense else np.isin(pw, self.want_w)
+
+    def positions(self, pw: np.ndarray) -> np.ndarray:
+        if not self.w_ids.size:
+            return np.zeros(pw.size, np.int64)
+        return self.pos_of[self._at(pw)] if self.dense else np.searchsorted(self.w_ids, pw)
 
 
 def _other_at(i: np.ndarray, pos: np.ndarray, n: np.ndarray, z: np.ndarray, first_row: np.ndarray,
