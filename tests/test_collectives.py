@@ -461,3 +461,26 @@ def test_stable_argsort_is_numpys_stable_argsort(values):
 
     key = np.array(values, dtype=np.int64)
     np.testing.assert_array_equal(stable_argsort(key), np.argsort(key, kind="stable"))
+
+
+_IDS = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_IDS, st.sampled_from([-1, 0, 7, 4242]), _IDS), max_size=40),
+       st.booleans())
+def test_thread_key_is_pandas_hash_of_the_three_ids(rows, one_rank):
+    """``syncpoints._thread_key`` (numpy) gives pandas' ``hash_pandas_object`` of (rank, pid, tid)
+    bit for bit, from arrays or from a frame with missing ids (-1): the keys order threads, and
+    the sync-point tables are sorted by them. A column of one value takes the hash-once path."""
+    from profkit.collectives.syncpoints import _thread_key
+
+    rank = np.array([5 if one_rank else r for r, _, _ in rows], np.int64)
+    pid = np.array([p for _, p, _ in rows], np.int64)
+    tid = np.array([t for _, _, t in rows], np.int64)
+    want = pd.util.hash_pandas_object(pd.DataFrame({"r": rank, "p": pid, "t": tid}), index=False)
+    want = want.to_numpy(np.uint64).view(np.int64)
+    np.testing.assert_array_equal(_thread_key({"rank": rank, "pid": pid, "tid": tid}), want)
+    frame = pd.DataFrame({"rank": rank, "pid": pd.array(np.where(pid == -1, 0, pid), "Int64"), "tid": tid})
+    frame.loc[pid == -1, "pid"] = pd.NA  # a missing pid hashes as -1
+    np.testing.assert_array_equal(_thread_key(frame), want)
