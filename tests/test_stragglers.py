@@ -155,12 +155,14 @@ def _naive_phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.nd
     return pd.DataFrame(out, columns=ph_mod.EXCESS_COLUMNS)
 
 
-@pytest.mark.parametrize("layout", ["shuffled", "sorted", "sparse ids"])
+@pytest.mark.parametrize("layout", ["shuffled", "sorted", "sparse ids", "huge times", "huge ranks"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_phase_excess_matches_its_definition(seed, layout, monkeypatch):
     """Random windows (participants 1-5, some without a phase, ties, zero times) against the
     one-at-a-time reference; blocks of 7 pair rows exercise the bounded-memory path. Window ids
-    dense or far apart (a table by id, or a search), the windows table sorted by id or not."""
+    dense or far apart (a table by id, or a search), the windows table sorted by id or not; times
+    too large for one int64 sort key of (window, phase, time) (the sort by two keys instead), and
+    ranks beyond int32 (kept as int64)."""
     rng = np.random.default_rng(seed)
     win_rows, ph_rows = [], []
     for w in rng.permutation(12):
@@ -177,6 +179,11 @@ def test_phase_excess_matches_its_definition(seed, layout, monkeypatch):
     elif layout == "sparse ids":
         windows["window"] = windows["window"] * 1_000_003 - 5
         phases["window"] = phases["window"] * 1_000_003 - 5
+    elif layout == "huge times":
+        phases["ns"] = phases["ns"] * (1 << 56)
+    elif layout == "huge ranks":
+        windows["rank"] = windows["rank"] + (1 << 40)
+        phases["rank"] = phases["rank"] + (1 << 40)
     rows = rng.random(len(windows)) < 0.7
     want = _naive_phase_excess(phases, windows, rows)
     got = ph_mod.phase_excess(phases, windows, rows)

@@ -727,41 +727,17 @@ def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.nd
         return _empty_coded(names, categories)
     w_ids, n_per = _counts(windows["window"].to_numpy(np.int64))
     want_w = want["window"].to_numpy(np.int64)
-    # the kept rows of every part written once into columns made for them (a join of the parts
-    # first, or of their kept rows, would write each row twice into fresh memory): which rows
-    # are kept first, then their windows' positions, from one index of the windows
     index = _WindowIndex(w_ids, want_w)
-    kept = [index.wanted(t["window"].to_numpy(np.int64)) & (t["ns"].to_numpy(np.int64) > 0) for t, _, _ in parts]
-    bounds = np.r_[0, np.cumsum([int(k.sum()) for k in kept])]
-    if not bounds[-1]:
+    sort = _SortKey.of(parts, index, len(names), int(w_ids.size))
+    del parts, index
+    if sort is None:
         return _empty_coded(names, categories)
-    w_pos, ns, pr, pc, cc = (np.empty(int(bounds[-1]), np.int64) for _ in range(5))
-    for (t, t_pc, t_cc), keep, a, b in zip(parts, kept, bounds[:-1], bounds[1:]):
-        t_pos = index.positions(t["window"].to_numpy(np.int64))
-        for src, out in ((t_pos, w_pos), (t["ns"], ns), (t["rank"], pr), (t_pc, pc), (t_cc, cc)):
-            np.compress(keep, np.asarray(src, np.int64), out=out[a:b])
-    del parts, kept, index
-    # one stable sort by (window, phase in order of first appearance, ns), as one int64 key
-    seen = pd.unique(pc)
-    local = np.zeros(max(len(names), 1), np.int64)
-    local[seen] = np.arange(seen.size)
-    group_key = w_pos * np.int64(seen.size) + local[pc]  # every kept window has a row in windows
-    del w_pos, pc
-    top = int(ns.max()) + 1
-    if int(group_key.max()) < np.iinfo(np.int64).max // top:
-        key = group_key * top + ns
-        del group_key, ns
-        order = np.argsort(key, kind="stable")
-        key = key[order]
-        group_key, ns = key // top, key % top
-        del key
-    else:  # an int64 cannot hold both
-        order = np.lexsort((ns, group_key))
-        group_key, ns = group_key[order], ns[order]
-    pr = pr[order]
+    seen, order, group_key, ns, pr, cc = sort.seen, sort.order, sort.group_key, sort.ns, sort.rank, sort.category
+    del sort
     new = np.r_[True, group_key[1:] != group_key[:-1]]
     g_first = np.flatnonzero(new)  # (window, phase) groups: first row, size, participants
-    gid = np.cumsum(new) - 1
+    gid = np.cumsum(new)
+    gid -= 1
     del new
     g_k = np.diff(np.r_[g_first, ns.size])
     g_wcode = group_key[g_first] // np.int64(seen.size)
@@ -770,10 +746,15 @@ def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.nd
     g_p = seen[group_key[g_first] % np.int64(seen.size)]
     g_c = cc[order[g_first]]
     del order, group_key, cc, g_wcode
-    pos_in = np.arange(ns.size) - g_first[gid]
+    pos_in = np.arange(ns.size)
+    pos_in -= g_first[gid]
     span = int(max(pr.max(), want["rank"].to_numpy(np.int64).max())) + 1
-    own_row_of = _RowOf(gid * np.int64(span) + pr, g_first.size * span)
-    del gid, pr
+    own_key = gid * np.int64(span)
+    del gid
+    own_key += pr
+    del pr
+    own_row_of = _RowOf(own_key, g_first.size * span)
+    del own_key
     # each wanted (window, rank) meets its window's groups, a contiguous range of them
     want_r = want["rank"].to_numpy(np.int64)
     lo = np.searchsorted(g_w, want_w, side="left")
@@ -818,6 +799,79 @@ def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.nd
     if not bounds[-1]:
         return _empty_coded(names, categories)
     return CodedExcess(pd.DataFrame(cols, copy=False), names, categories)
+
+
+@dataclass
+class _SortKey:
+    """The kept phase rows of ``coded_phase_excess`` sorted by (window, phase in order of first
+    appearance, ns): ``order`` (each sorted row's kept row), the sorted ``group_key`` (window
+    position x phases seen + phase) and ``ns`` and ``rank``, the kept rows' ``category`` as they
+    were kept (read at ``order``), ``seen`` (the phase codes in order of first appearance)."""
+
+    seen: np.ndarray
+    order: np.ndarray
+    group_key: np.ndarray
+    ns: np.ndarray
+    rank: np.ndarray
+    category: np.ndarray
+
+    @staticmethod
+    def of(parts: list, index: "_WindowIndex", n_names: int, n_windows: int) -> "_SortKey | None":
+        """Each part's kept rows taken on their own, twice (the phases seen, then straight into the
+        sort key): part-sized pieces, whose memory the allocator hands on from one part to the
+        next. Columns of every kept row taken first and combined after were ~5 fresh int64 arrays
+        of millions of rows (DEP32 x 1,000), and a first touch of fresh memory costs ~2.5 ms a MB
+        on a VM: more than the arithmetic. None where no row is kept."""
+        kept = [index.wanted(t["window"].to_numpy(np.int64)) & (t["ns"].to_numpy(np.int64) > 0) for t, _, _ in parts]
+        sizes = [int(k.sum()) for k in kept]
+        total = sum(sizes)
+        if not total:
+            return None
+        # pd.unique of each part's uniques in part order: the phases in order of first appearance
+        seen = pd.unique(np.concatenate([pd.unique(np.asarray(pc, np.int64)[k]) for (_, pc, _), k in zip(parts, kept)]))
+        local = np.zeros(max(n_names, 1), np.int64)
+        local[seen] = np.arange(seen.size)
+        top = max(int(t["ns"].to_numpy(np.int64)[k].max()) for (t, _, _), k, n in zip(parts, kept, sizes) if n) + 1
+        low = min(int(t["rank"].min()) for (t, _, _), n in zip(parts, sizes) if n)
+        high = max(int(t["rank"].max()) for (t, _, _), n in zip(parts, sizes) if n)
+        small = np.iinfo(np.int32)
+        rank = np.empty(total, np.int32 if small.min <= low and high <= small.max else np.int64)
+        category = np.empty(total, np.int32)  # codes of a few categories, -1 for none
+        # group keys are below n_windows x seen; where key x top + ns fits an int64, one stable sort
+        # of one key orders both (as the lexsort by both does, ties kept in row order)
+        wide = n_windows * int(seen.size) >= np.iinfo(np.int64).max // top
+        key = np.empty(total, np.int64)
+        ns_wide = np.empty(total, np.int64) if wide else None
+        a = 0
+        for (t, pc, cc), k, n in zip(parts, kept, sizes):
+            if not n:
+                continue
+            at = slice(a, a + n)
+            gk = index.positions(t["window"].to_numpy(np.int64)[k])
+            gk *= np.int64(seen.size)
+            gk += local[np.asarray(pc, np.int64)[k]]
+            ns = t["ns"].to_numpy(np.int64)[k]
+            if wide:
+                key[at], ns_wide[at] = gk, ns
+            else:
+                gk *= np.int64(top)
+                gk += ns
+                key[at] = gk
+            rank[at] = t["rank"].to_numpy(np.int64)[k]
+            category[at] = np.asarray(cc, np.int64)[k]
+            a += n
+            del gk, ns
+        del kept, local
+        if wide:
+            order = np.lexsort((ns_wide, key))
+            group_key, ns = key[order], ns_wide[order]
+        else:
+            order = np.argsort(key, kind="stable")
+            group_key = key[order]
+            del key
+            ns = group_key % np.int64(top)
+            group_key //= np.int64(top)
+        return _SortKey(seen, order, group_key, ns, rank[order], category)
 
 
 class _RowOf:
