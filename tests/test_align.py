@@ -355,6 +355,12 @@ def _lean_vs_full(ev: pd.DataFrame) -> None:
     assert len(full) and lean.attrs["report"] == full.attrs["report"]
     pd.testing.assert_frame_equal(lean, full[list(lean.columns)])
     assert set(lean.columns) >= {"rank", "instance", "source_kind", "start_ns", "end_ns", "complete"}
+    # only the columns the estimate reads taken in instance order (and those the report reads)
+    few = instances_from_candidates(cands[MATCH_INPUT_COLUMNS], complete_only=False,
+                                    columns=["rank", "instance", "source_kind", "start_ns", "end_ns"])
+    assert list(few.columns) == ["rank", "instance", "source_kind", "key", "start_ns", "end_ns", "complete"]
+    assert few.attrs["report"] == full.attrs["report"]
+    pd.testing.assert_frame_equal(few, full[list(few.columns)])
     kept, dropped = estimate_from_ranks(clocks), estimate_from_ranks(clocks, keep_instances=False)
     assert dropped.instances is None and kept.instances is not None
     pd.testing.assert_frame_equal(dropped.ranks, kept.ranks)

@@ -99,6 +99,10 @@ def prepare_rank(events: pd.DataFrame) -> RankClockFacts:
     return RankClockFacts(rank=rank, sources=sources, candidates=candidates, window=window, warnings=warnings)
 
 
+# the instance columns the estimate reads where it keeps no instances
+_ESTIMATE_COLUMNS = ["rank", "instance", "source_kind", "start_ns", "end_ns"]
+
+
 def estimate_from_ranks(
     prepared: list[RankClockFacts],
     fit_drift: bool | None = None,
@@ -122,7 +126,8 @@ def estimate_from_ranks(
         sources["residual_ns"] = sources["residual_ns"].astype("Int64")
     cands = [f.candidates if keep_instances else f.candidates[[c for c in MATCH_INPUT_COLUMNS if c in f.candidates]]
              for f in prepared if len(f.candidates)]
-    inst = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
+    inst = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False,
+                                     columns=None if keep_instances else _ESTIMATE_COLUMNS)
     report = dict(inst.attrs.get("report", {}))
     tiers = {KERNEL: KERNEL_TIER, CPU_SPAN: CPU_TIER}
     coinc = inst["source_kind"].isin(list(tiers)).to_numpy(bool)  # only the columns read: never take the strings
