@@ -107,6 +107,39 @@ def test_start_up_before_the_first_step_is_not_own_work():
     assert (late.loc[late["step"] == 0, "excess_ns"].abs() == 0).all()
 
 
+@pytest.mark.parametrize("uniform", [True, False])
+def test_sorted_within_is_the_lexsort_of_group_and_value(uniform):
+    """``straggler_arrivals._sorted_within``: groups of one size sorted as a table, row by row,
+    give the stable lexsort by (group, value) (ties in row order); groups of mixed sizes take
+    the lexsort itself."""
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        g = int(rng.integers(1, 40))
+        n = np.full(g, int(rng.integers(2, 9))) if uniform else rng.integers(2, 9, g)
+        first = np.r_[0, np.cumsum(n)[:-1]]
+        v = rng.integers(0, 4, int(n.sum()))  # many ties
+        np.testing.assert_array_equal(arr_mod._sorted_within(v, first, n), np.lexsort((v, np.repeat(np.arange(g), n))))
+
+
+def test_step_of_is_the_pandas_group_and_sort_per_rank():
+    """``straggler_arrivals._step_of`` on arrays: each arrival's step as a pandas groupby of the
+    steps by rank, each group sorted by ``sort_values("start_ns")``, then searched (equal starts
+    included: both sort the group's starts in row order with the same quicksort)."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n_steps, n_arr = int(rng.integers(0, 120)), int(rng.integers(0, 80))
+        steps = pd.DataFrame({"rank": rng.integers(0, 4, n_steps), "step": rng.integers(0, 50, n_steps),
+                              "start_ns": rng.integers(0, 30, n_steps)})
+        rank, t = rng.integers(0, 5, n_arr), rng.integers(-2, 35, n_arr)
+        want = np.full(n_arr, arr_mod.NO_STEP, np.int64)
+        for r, g in steps.groupby("rank"):
+            m = np.flatnonzero(rank == r)
+            g = g.sort_values("start_ns")
+            j = np.searchsorted(g["start_ns"].to_numpy(np.int64), t[m], side="right") - 1
+            want[m] = np.where(j >= 0, g["step"].to_numpy(np.int64)[np.maximum(j, 0)], arr_mod.NO_STEP)
+        np.testing.assert_array_equal(arr_mod._step_of(rank, t, steps), want)
+
+
 def test_median_of_others_matches_brute_force():
     rng = np.random.default_rng(0)
     for n in (2, 3, 4, 5, 8):

@@ -183,6 +183,9 @@ def sync_ends(inst: pd.DataFrame | None) -> dict[int, np.ndarray]:
     return _sync_ends(_typed(inst)) if inst is not None and len(inst) else {}
 
 
+_SYNC_END_COLUMNS = ("instance", "rank", "key", "start_ns", "end_ns", "exit_ns")  # what ``_sync_ends`` reads
+
+
 def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
     """Per rank, the exits of every collective instance of the keys (groups) it takes part in,
     sorted: the instance's common exit (the median of its ranks' ends), but never after the
@@ -236,7 +239,10 @@ def _host_sync_before(inst: pd.DataFrame, rank: np.ndarray, t: np.ndarray, steps
     of the rank's step stands in for it (every rank starts the same step's work).
     """
     out = np.full(rank.size, np.iinfo(np.int64).min, np.int64)
-    cpu = inst[inst["source_kind"].astype(str) == "cpu_span"]
+    kind = inst["source_kind"]
+    is_cpu = distinct.isin(kind, "cpu_span") if _is_str(kind) else (kind.astype(str) == "cpu_span").to_numpy(bool)
+    # only the columns ``_sync_ends`` reads are taken (every instance row's strings are not)
+    cpu = inst.loc[is_cpu, [c for c in _SYNC_END_COLUMNS if c in inst]]
     if len(cpu):
         marks = _sync_ends(cpu)
     elif steps is not None and len(steps):
@@ -272,8 +278,7 @@ def _median_of_others(values: np.ndarray, bounds: tuple[np.ndarray, np.ndarray],
         order = np.arange(values.size)
         sv = values
     else:  # sort within groups, keep where each row went
-        grp = np.repeat(np.arange(first.size), n)
-        order = np.lexsort((values, grp))
+        order = _sorted_within(values, first, n)
         sv = values[order]
     pos = np.empty(values.size, np.int64)
     pos[order] = np.arange(values.size) - base  # rank of each row inside its group
@@ -287,6 +292,19 @@ def _median_of_others(values: np.ndarray, bounds: tuple[np.ndarray, np.ndarray],
 
     a, b = other_at(lo_i), other_at(hi_i)
     return a + (b - a) // 2
+
+
+def _sorted_within(values: np.ndarray, first: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The stable order of ``values`` by (group, value), groups being the runs [first, first + n)
+    that tile it: where every group has the same size (every rank at every sync point, most
+    often), one small sort per row of a (groups x size) table, ~9x faster than the lexsort of
+    both keys (544k arrivals at DEP32 x 1,000: 10 ms against 91 ms)."""
+    k = int(n[0]) if n.size else 0
+    if k and bool((n == k).all()) and int(first[0]) == 0 and first.size * k == values.size:
+        order = np.argsort(values.reshape(first.size, k), axis=1, kind="stable")
+        order += (np.arange(first.size, dtype=np.int64) * k)[:, None]
+        return order.reshape(-1)
+    return np.lexsort((values, np.repeat(np.arange(first.size), n)))
 
 
 def _serving_start(rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:
@@ -306,20 +324,27 @@ def _serving_start(rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) 
 
 
 def _step_of(rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:
-    """The step of each arrival: the rank's last step starting at or before it (NO_STEP if none)."""
+    """The step of each arrival: the rank's last step starting at or before it (NO_STEP if none).
+    Each rank's steps in row order sorted by start as ``sort_values`` sorts them (quicksort: equal
+    starts keep its order), on arrays (a pandas group and sort per rank cost ~1.5 ms a rank)."""
     out = np.full(rank.size, NO_STEP, np.int64)
     if steps is None or not len(steps):
         return out
     by_rank = np.argsort(rank, kind="stable")  # each rank's arrivals as one slice, not a mask per rank
     sorted_rank = rank[by_rank]
-    for r, g in steps.groupby("rank"):
-        m = by_rank[np.searchsorted(sorted_rank, int(r), "left"):np.searchsorted(sorted_rank, int(r), "right")]
+    s_rank = steps["rank"].to_numpy(np.int64)
+    s_start = steps["start_ns"].to_numpy(np.int64)
+    s_step = steps["step"].to_numpy(np.int64)
+    rows_by_rank = np.argsort(s_rank, kind="stable")  # each rank's steps, in row order (as groupby keeps them)
+    s_sorted = s_rank[rows_by_rank]
+    for r in np.unique(s_sorted).tolist():
+        m = by_rank[np.searchsorted(sorted_rank, r, "left"):np.searchsorted(sorted_rank, r, "right")]
         if not m.size:
             continue
-        g = g.sort_values("start_ns")
-        s = g["start_ns"].to_numpy(np.int64)
-        j = np.searchsorted(s, t[m], side="right") - 1
-        out[m] = np.where(j >= 0, g["step"].to_numpy(np.int64)[np.maximum(j, 0)], NO_STEP)
+        rows = rows_by_rank[np.searchsorted(s_sorted, r, "left"):np.searchsorted(s_sorted, r, "right")]
+        rows = rows[np.argsort(s_start[rows], kind="quicksort")]
+        j = np.searchsorted(s_start[rows], t[m], side="right") - 1
+        out[m] = np.where(j >= 0, s_step[rows][np.maximum(j, 0)], NO_STEP)
     return out
 
 
