@@ -751,3 +751,21 @@ def test_which_scenarios_the_stragglers_gpu_work_leaves_as_they_are():
     assert not blind(S("gc spikes", imp.SPIKES, phase="gc"), gpu)
     assert not blind(S("x on rank 1", imp.RANK_PHASE, phase="gc", rank=1), gpu)
     assert blind(S(imp.MEDIAN_STEP, imp.BOUND), set()) and blind(S("gc spikes", imp.SPIKES, phase="gc"), set())
+
+
+@pytest.mark.parametrize("kind_dtype", ["str", object])
+def test_sync_points_from_arrivals_are_the_pandas_sort_of_them(kind_dtype):
+    """``impact_program.syncs_from_arrivals`` on arrays: the same table as the pandas spelling it
+    replaced (lane by a string comparison per row, a stable sort of the frame by rank, arrival
+    and instance), ties in arrival included."""
+    rng = np.random.default_rng(11)
+    n = 500
+    arrivals = pd.DataFrame({"instance": rng.integers(0, 60, n), "rank": rng.integers(0, 8, n),
+                             "source_kind": pd.Series(rng.choice(["kernel", "cpu_span"], n)).astype(kind_dtype),
+                             "start_ns": rng.integers(0, 40, n), "end_ns": rng.integers(0, 60, n)})
+    lane = np.where(arrivals["source_kind"].astype(str).to_numpy() == "kernel", "gpu", "host")
+    want = pd.DataFrame({"instance": arrivals["instance"].to_numpy(np.int64), "rank": arrivals["rank"].to_numpy(np.int64),
+                         "lane": lane.astype(object), "arrive_ns": arrivals["start_ns"].to_numpy(np.int64),
+                         "exit_ns": np.maximum(arrivals["end_ns"], arrivals["start_ns"]).to_numpy(np.int64)})
+    want = want.sort_values(["rank", "arrive_ns", "instance"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(prog.syncs_from_arrivals(arrivals), want)

@@ -101,13 +101,17 @@ def syncs_from_arrivals(arrivals: pd.DataFrame) -> pd.DataFrame:
     end = exit); a blocking CPU collective span a host-lane point."""
     if arrivals is None or not len(arrivals):
         return empty_syncs()
-    lane = np.where(arrivals["source_kind"].astype(str).to_numpy() == "kernel", "gpu", "host")
-    out = pd.DataFrame({"instance": arrivals["instance"].to_numpy(np.int64),
-                        "rank": arrivals["rank"].to_numpy(np.int64), "lane": lane.astype(object),
-                        "arrive_ns": arrivals["start_ns"].to_numpy(np.int64),
-                        "exit_ns": np.maximum(arrivals["end_ns"].to_numpy(np.int64),
-                                              arrivals["start_ns"].to_numpy(np.int64))})
-    return out.sort_values(["rank", "arrive_ns", "instance"], kind="stable").reset_index(drop=True)
+    kind = arrivals["source_kind"]
+    # each distinct kind tested once (a Python string per row of ~10^6 rows was most of the time)
+    gpu = distinct.isin(kind, "kernel") if distinct.is_text(kind) else kind.astype(str).to_numpy() == "kernel"
+    instance, rank = arrivals["instance"].to_numpy(np.int64), arrivals["rank"].to_numpy(np.int64)
+    arrive = arrivals["start_ns"].to_numpy(np.int64)
+    exit_ = np.maximum(arrivals["end_ns"].to_numpy(np.int64), arrive)
+    # ``sort_values(["rank", "arrive_ns", "instance"], kind="stable")``: the same stable lexsort
+    order = np.lexsort((instance, arrive, rank))
+    lane = distinct.strings_at(np.array(["host", "gpu"], dtype=object), gpu[order].astype(np.int64))
+    return pd.DataFrame({"instance": instance[order], "rank": rank[order], "lane": lane,
+                         "arrive_ns": arrive[order], "exit_ns": exit_[order]})
 
 
 def empty_syncs() -> pd.DataFrame:
