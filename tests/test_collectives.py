@@ -431,20 +431,21 @@ def test_waited_for_is_pandas_groupby_of_the_last_arrivers(rows, every_instance_
 
 
 @given(st.lists(st.tuples(st.integers(0, 6), st.integers(-5, 5), st.integers(-1, 2)), min_size=1, max_size=40),
-       st.sampled_from([0, 1 << 30]))
+       st.sampled_from([0, 1 << 30]), st.booleans(), st.booleans())
 @settings(max_examples=150, deadline=None)
-def test_summed_by_key_is_pandas_groupby_sum_and_first(rows, spread):
+def test_summed_by_key_is_pandas_groupby_sum_and_first(rows, spread, own_key, all_named):
     """``stragglers._summed_by_key`` (a table for keys of a small range, sorted groups for a wide
     one: ``spread`` puts the keys 2^30 apart) against the pandas groupby it replaced in the top
-    causes: per key ascending, the summed excess and the first category that is not missing (-1)."""
+    causes: per key ascending, the summed excess and the first category that is not missing (-1);
+    the key shifted in place where it is the caller's to change, every row named or not."""
     from profkit.analyze.stragglers import _summed_by_key
 
     key = np.array([k for k, _, _ in rows], np.int64) * (spread or 1) - 3
     ns = np.array([n for _, n, _ in rows], np.int64) * (1 << 40)  # sums beyond float64's exact range
-    cat = np.array([c for _, _, c in rows], np.int64)
+    cat = np.array([abs(c) if all_named else c for _, _, c in rows], np.int64)
     want = pd.DataFrame({"key": key, "ns": ns, "category": pd.Series(cat).where(cat >= 0)})
     want = want.groupby("key", sort=True).agg(ns=("ns", "sum"), category=("category", "first"))
-    got_key, got_ns, got_cat = _summed_by_key(key, ns, cat)
+    got_key, got_ns, got_cat = _summed_by_key(key.copy() if own_key else key, ns, cat, own_key=own_key)
     np.testing.assert_array_equal(got_key, want.index.to_numpy(np.int64))
     np.testing.assert_array_equal(got_ns, want["ns"].to_numpy(np.int64))
     np.testing.assert_array_equal(got_cat, want["category"].fillna(-1).to_numpy(np.int64))

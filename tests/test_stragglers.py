@@ -224,6 +224,16 @@ def test_phase_excess_matches_its_definition(seed, layout, monkeypatch):
                                   want.astype({"phase": object, "category": object}), check_dtype=False)
     monkeypatch.setattr(ph_mod, "MAX_PAIR_ROWS", 7)
     pd.testing.assert_frame_equal(ph_mod.phase_excess(phases, windows, rows), got)
+    # rows of another coded table written first: that table's rows at the mask, then these
+    [(p, c)], names, cats = ph_mod.phase_codes([phases])
+    coded = ph_mod.coded_phase_excess(phases, p, c, names, cats, windows, rows)
+    other = ph_mod.coded_phase_excess(phases, p, c, names, cats, windows)
+    for mask in (rng.random(len(other.rows)) < 0.5, np.zeros(len(other.rows), bool)):
+        joined = ph_mod.coded_phase_excess(phases, p, c, names, cats, windows, rows, before=(other, mask))
+        pd.testing.assert_frame_equal(joined.rows, ph_mod.concat_excess([other.take(mask), coded]).rows)
+    none = np.zeros(len(windows), bool)  # no row of its own: the other table's rows alone
+    alone = ph_mod.coded_phase_excess(phases, p, c, names, cats, windows, none, before=(other, mask | True))
+    pd.testing.assert_frame_equal(alone.rows, ph_mod.concat_excess([other, ph_mod._empty_coded(names, cats)]).rows)
     monkeypatch.setattr(ph_mod, "_ROW_TABLE_PER_ROW", 0)  # each rank's row found by a search, not in a table
     pd.testing.assert_frame_equal(ph_mod.phase_excess(phases, windows, rows), got)
 

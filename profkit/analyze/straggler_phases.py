@@ -712,7 +712,8 @@ def phase_excess(phases: pd.DataFrame, windows: pd.DataFrame, rows: np.ndarray |
 
 def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.ndarray | list[np.ndarray],
                        c_codes: np.ndarray | list[np.ndarray], names: np.ndarray,
-                       categories: np.ndarray, windows: pd.DataFrame, rows: np.ndarray | None = None) -> CodedExcess:
+                       categories: np.ndarray, windows: pd.DataFrame, rows: np.ndarray | None = None,
+                       before: "tuple[CodedExcess, np.ndarray] | None" = None) -> CodedExcess:
     """``phase_excess`` with the names as codes (``phase_codes``). Vectorized in numpy: the phase
     rows are sorted once by (window, phase, ns) and every wanted (window, rank) meets the phases
     of its window as a range of that order; per (window, phase) the absent participants are zeros
@@ -720,18 +721,22 @@ def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.nd
 
     ``phases`` may be the table's parts one after the other (lists of tables and of their codes,
     ``stragglers.JoinedPhases``): each part's rows of a window are taken from it, never the
-    whole table joined first (at DEP32 x 1,000 the ranks' tables are ~280 MB together)."""
+    whole table joined first (at DEP32 x 1,000 the ranks' tables are ~280 MB together).
+
+    ``before``: another coded excess table of the same names and a mask of its rows: those rows
+    come first, in the same columns (``concat_excess`` of them and this table, without writing
+    either table's rows twice: the straggler accounting joins millions of GPU rows so)."""
     parts = list(zip(phases, p_codes, c_codes)) if isinstance(phases, list) else [(phases, p_codes, c_codes)]
     want = windows if rows is None else windows[rows]
     if not sum(len(t) for t, _, _ in parts) or not len(want):
-        return _empty_coded(names, categories)
+        return _front_only(before, names, categories)
     w_ids, n_per = _counts(windows["window"].to_numpy(np.int64))
     want_w = want["window"].to_numpy(np.int64)
     index = _WindowIndex(w_ids, want_w)
     sort = _SortKey.of(parts, index, len(names), int(w_ids.size))
     del parts, index
     if sort is None:
-        return _empty_coded(names, categories)
+        return _front_only(before, names, categories)
     seen, order, group_key, ns, pr, cc = sort.seen, sort.order, sort.group_key, sort.ns, sort.rank, sort.category
     del sort
     new = np.r_[True, group_key[1:] != group_key[:-1]]
@@ -762,8 +767,13 @@ def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.nd
     bounds = np.r_[0, np.cumsum(cnt)]
     # the rows are written into columns made once (not chunks joined after: at DEP256 the
     # table is millions of rows, and a join would hold it twice)
-    cols = {c: np.empty(int(bounds[-1]), np.int64) for c in EXCESS_COLUMNS}
-    cut = np.searchsorted(bounds, np.arange(0, bounds[-1], MAX_PAIR_ROWS), side="right") - 1
+    front = int(before[1].sum()) if before is not None else 0
+    cols = {c: np.empty(front + int(bounds[-1]), np.int64) for c in EXCESS_COLUMNS}
+    if front:
+        for c, out in cols.items():
+            np.compress(before[1], before[0].rows[c].to_numpy(np.int64), out=out[:front])
+    bounds = bounds + front
+    cut = np.searchsorted(bounds, np.arange(front, bounds[-1], MAX_PAIR_ROWS), side="right") - 1
     for a, b in zip(cut, np.r_[cut[1:], want_w.size]):
         if a >= b:
             continue
@@ -796,9 +806,18 @@ def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.nd
         cols["peer_ns"][at] = peer
         cols["excess_ns"][at] = own_ns - peer
         del g, r, own_ns, peer, m
-    if not bounds[-1]:
-        return _empty_coded(names, categories)
+    if bounds[-1] == front:
+        return _front_only(before, names, categories)
     return CodedExcess(pd.DataFrame(cols, copy=False), names, categories)
+
+
+def _front_only(before: "tuple[CodedExcess, np.ndarray] | None", names: np.ndarray,
+                categories: np.ndarray) -> CodedExcess:
+    """``coded_phase_excess`` without rows of its own: the ``before`` rows alone (as ``concat_excess``
+    of them and an empty table gives them), else the empty table."""
+    if before is None or not before[1].any():
+        return _empty_coded(names, categories)
+    return concat_excess([before[0].take(before[1]), _empty_coded(names, categories)])
 
 
 @dataclass

@@ -337,9 +337,20 @@ def finish_stragglers(plan: StragglerPlan, phases: "WindowPhases | JoinedPhases 
     host_x = ph_mod.coded_phase_excess(phases.host, *host_c, names, cats, host_w, explain & ~gated).causes_only()
     phases.host = host_c = None  # consumed: at DEP32 x 1000 steps each table is millions of rows
     released()
-    gpu_x = ph_mod.coded_phase_excess(phases.gpu, *gpu_c, names, cats, gpu_w)  # every GPU window
+    # what each rank spent beyond its peers, each instant counted once: its host timeline cut at
+    # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
+    acc_step = dict(plan.acc_step)
+    acc_x = ph_mod.coded_phase_excess(phases.acc, *acc_c, names, cats, plan.acc_w).causes_only()
+    phases.acc = acc_c = None
+    released()
+    host_only = acc_x.rows["category"].to_numpy(np.int64) != _category_code(acc_x, ph_mod.GPU_CATEGORY)
+    n_host = int(host_only.sum())
+    # every GPU window's excess, written after the accounting rows' host ones: the two make the
+    # accounting table without a join of millions of rows; the GPU rows alone are a slice of it
+    acc_x = ph_mod.coded_phase_excess(phases.gpu, *gpu_c, names, cats, gpu_w, before=(acc_x, host_only))
     phases.gpu = gpu_c = None
     released()
+    gpu_x = ph_mod.CodedExcess(acc_x.rows.iloc[n_host:], acc_x.phases, acc_x.categories)
     wanted = arrivals.loc[explain & gated, ["instance", "rank"]]
     if len(wanted):
         gx = gpu_x.rows
@@ -349,16 +360,7 @@ def finish_stragglers(plan: StragglerPlan, phases: "WindowPhases | JoinedPhases 
         why = ph_mod.concat_excess([host_x, gpu_x.take(pick).causes_only()])
     else:
         why = ph_mod.concat_excess([host_x])
-    del host_x
-    # what each rank spent beyond its peers, each instant counted once: its host timeline cut at
-    # host syncs (GPU names seen there dropped) and its GPU timeline cut at GPU collectives
-    acc_step = dict(plan.acc_step)
-    acc_x = ph_mod.coded_phase_excess(phases.acc, *acc_c, names, cats, plan.acc_w).causes_only()
-    phases.acc = acc_c = None
-    released()
-    host_only = acc_x.rows["category"].to_numpy(np.int64) != _category_code(acc_x, ph_mod.GPU_CATEGORY)
-    acc_x = ph_mod.concat_excess([acc_x.take(host_only), gpu_x])
-    del gpu_x  # joined into acc_x: millions of rows not to hold twice
+    del host_x, gpu_x
     acc_step.update(_instance_steps(arrivals).to_dict())
     per_rank = _per_rank(plan.ranks, arrivals, steps, extents, acc_x, report)
     matched = plan.matched if plan.matched is not None else _match(plan.instances)
@@ -500,10 +502,15 @@ def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | No
     is_gpu = acc["category"].to_numpy(np.int64) == _category_code(acc_excess, ph_mod.GPU_CATEGORY)
     acc_rank, acc_ns = acc["rank"].to_numpy(np.int64), acc["excess_ns"].to_numpy(np.int64)
     listed = out.index.to_numpy(np.int64)  # sorted, distinct (``plan.ranks``)
-    listed_row, at = ph_mod._window_positions(acc_rank, listed, listed)  # each row's rank's position
+    if acc_rank.size and listed.size and int(listed[0]) == 0 and int(listed[-1]) == listed.size - 1 \
+            and int(acc_rank.min()) >= 0 and int(acc_rank.max()) < listed.size:
+        listed_row, at = None, acc_rank  # ranks 0..n-1, every row's listed: its rank is its position
+    else:
+        listed_row, at = ph_mod._window_positions(acc_rank, listed, listed)  # each row's rank's position
     for col, mask in (("host_excess_ns", ~is_gpu), ("gpu_excess_ns", is_gpu)):
         sums = np.zeros(len(out), np.int64)  # per listed rank (0 for none), int64 as the rows
-        mask = mask & listed_row
+        if listed_row is not None:
+            mask = mask & listed_row
         np.add.at(sums, at[mask], acc_ns[mask])  # a groupby of millions of rows: 0.1 s each
         out[col] = sums
     top = _top_causes(acc_excess)
@@ -589,10 +596,12 @@ def _lower_scale(v: np.ndarray) -> float:
     return float((q40 - q10) / 1.0283)
 
 
-def _summed_by_key(key: np.ndarray, ns: np.ndarray, cat: np.ndarray) -> tuple[np.ndarray, ...]:
+def _summed_by_key(key: np.ndarray, ns: np.ndarray, cat: np.ndarray, own_key: bool = False) -> tuple[np.ndarray, ...]:
     """Per distinct key (ascending): the sum of ``ns`` and the first category >= 0 (-1: none), as
     ``groupby(key, sort=True).agg(sum, first)`` gives them. Keys of a small range are summed in a
-    table (a hash groupby of ~10^7 rows and its frame cost the driver ~0.4 s at DEP32 x 1,000)."""
+    table (a hash groupby of ~10^7 rows and its frame cost the driver ~0.4 s at DEP32 x 1,000).
+    ``own_key``: ``key`` is the caller's to change (shifted in place: each fresh array of millions
+    of rows costs its page faults, ~0.1 s here)."""
     if not key.size:
         return key, ns, cat
     lo, hi = int(key.min()), int(key.max())
@@ -603,14 +612,21 @@ def _summed_by_key(key: np.ndarray, ns: np.ndarray, cat: np.ndarray) -> tuple[np
         first = np.minimum.reduceat(pos, starts)
         return k[starts], np.add.reduceat(ns[order], starts).astype(np.int64), \
             np.where(first < k.size, c[np.minimum(first, k.size - 1)], -1)
-    at = key - lo
+    if own_key:
+        key -= lo
+        at = key
+    else:
+        at = key - lo
     sums = np.zeros(hi - lo + 1, np.int64)
     np.add.at(sums, at, ns)
     seen = np.zeros(hi - lo + 1, bool)
     seen[at] = True
-    valid = np.flatnonzero(cat >= 0)
     first = np.full(hi - lo + 1, key.size, np.int64)
-    np.minimum.at(first, at[valid], valid)  # the first row with a category, per key
+    if bool((cat >= 0).all()):  # every row has a category: the first row of each key
+        np.minimum.at(first, at, np.arange(key.size, dtype=np.int64))
+    else:
+        valid = np.flatnonzero(cat >= 0)
+        np.minimum.at(first, at[valid], valid)  # the first row with a category, per key
     keys = np.flatnonzero(seen)
     first = first[keys]
     return keys + lo, sums[keys], np.where(first < key.size, cat[np.minimum(first, key.size - 1)], -1)
@@ -623,8 +639,10 @@ def _top_causes(excess: ph_mod.CodedExcess) -> pd.DataFrame:
     if not len(rows):
         return pd.DataFrame()
     v = np.int64(max(len(excess.phases), 1))
-    key, ns, cat = _summed_by_key(rows["rank"].to_numpy(np.int64) * v + rows["phase"].to_numpy(np.int64),
-                                  rows["excess_ns"].to_numpy(np.int64), rows["category"].to_numpy(np.int64))
+    key = rows["rank"].to_numpy(np.int64) * v  # (a fresh array: the phase is added in place)
+    key += rows["phase"].to_numpy(np.int64)
+    key, ns, cat = _summed_by_key(key, rows["excess_ns"].to_numpy(np.int64), rows["category"].to_numpy(np.int64),
+                                  own_key=True)
     keep = ns > 0
     key, ns, cat = key[keep], ns[keep], cat[keep]
     rank, phase = key // v, key % v
@@ -703,10 +721,14 @@ def _phase_steps(acc_excess: ph_mod.CodedExcess | None, per_step: pd.DataFrame |
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
                              "cause": pd.Series(dtype=object), "ns": pd.Series(dtype="int64")})
     g = per_step if per_step is not None else _step_phase_table(acc_excess)
-    g = g[g["n_own"].to_numpy() > 0]
-    g = g.take(np.lexsort((g["phase"].to_numpy(), g["step"].to_numpy(), g["rank"].to_numpy())))  # codes sort as names
-    g = pd.DataFrame({"rank": g["rank"].to_numpy(np.int64), "step": g["step"].to_numpy().astype(np.int64),
-                      "cause": acc_excess.phase_names(g["phase"], "str").to_numpy(), "ns": g["ns"].to_numpy(np.int64)})
+    own = g["n_own"].to_numpy() > 0
+    rank, step = g["rank"].to_numpy()[own], g["step"].to_numpy()[own]
+    phase, ns = g["phase"].to_numpy()[own], g["ns"].to_numpy(np.int64)[own]
+    order = np.lexsort((phase, step, rank))  # codes sort as names
+    # the names by their codes (Arrow takes the distinct names), not a Python string per row inferred
+    cause = distinct.strings_at(np.asarray(acc_excess.phases, dtype=object), phase[order].astype(np.int64))
+    g = pd.DataFrame({"rank": rank[order].astype(np.int64), "step": step[order].astype(np.int64), "cause": cause,
+                      "ns": ns[order]})
     return g.astype({"cause": "str"})[PHASE_STEP_COLUMNS]
 
 
