@@ -15,6 +15,21 @@ def as_i64(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
+def search(a: np.ndarray, v: np.ndarray, side: str = "left") -> np.ndarray:
+    """``np.searchsorted(a, v, side)`` (``a`` sorted), counted from ``a``'s side where ``v`` is
+    sorted and several times longer: each of ``a`` found among ``v``, then a running count over
+    ``v`` (a binary search per query, numpy's, costs ~10 ns each on millions of piece starts;
+    this ~4 ns). Exact: the same positions."""
+    if a.size * _SEARCH_FROM_A < v.size and v.ndim == 1 and bool((v[1:] >= v[:-1]).all()):
+        # a[k] <= v[i] (right) / a[k] < v[i] (left) from the first v[i] at or past a[k]
+        first = np.searchsorted(v, a, side="left" if side == "right" else "right")
+        return np.cumsum(np.bincount(first, minlength=v.size + 1))[:v.size]
+    return np.searchsorted(a, v, side=side)
+
+
+_SEARCH_FROM_A = 4  # v this many times longer than a: counting from a's side pays (2-2.5x at 5-30x)
+
+
 def empty() -> Intervals:
     return np.empty(0, np.int64), np.empty(0, np.int64)
 
@@ -144,7 +159,7 @@ def covered_before(iv: Intervals, t) -> np.ndarray:
     if s.size == 0:
         return np.zeros(t.shape, np.int64)
     cum = np.concatenate([[0], np.cumsum(e - s)])
-    i = np.searchsorted(s, t, side="right")  # intervals starting at or before t
+    i = search(s, t, side="right")  # intervals starting at or before t
     out = cum[i]
     has = i > 0
     last = i[has] - 1

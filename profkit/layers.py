@@ -59,7 +59,7 @@ def innermost(layer: Layer, t: np.ndarray) -> np.ndarray:
     t = np.asarray(t, np.int64)
     if layer.size == 0:
         return np.full(t.size, NONE, np.int64)
-    j = np.searchsorted(layer.starts, t, side="right") - 1
+    j = iv.search(layer.starts, t, side="right") - 1
     todo = np.flatnonzero(j >= 0)
     while todo.size:
         jj = j[todo]
@@ -77,7 +77,7 @@ def covering(layer: Layer, t: np.ndarray) -> np.ndarray:
     if layer.size == 0:
         return np.full(t.size, NONE, np.int64)
     run_end, run_arg = layer.reach
-    j = np.searchsorted(layer.starts, t, side="right") - 1
+    j = iv.search(layer.starts, t, side="right") - 1
     out = np.full(t.size, NONE, np.int64)
     ok = j >= 0
     hit = np.zeros(t.size, dtype=bool)

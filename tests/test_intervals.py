@@ -118,3 +118,16 @@ def test_nesting_parents_equal_the_stack_walk(pairs):
     order = np.lexsort((-e, s))
     s, e = s[order], e[order]
     assert np.array_equal(iv.nesting_parents(s, e), _stack_parents(s, e))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-50, 50), max_size=30), st.lists(st.integers(-60, 60), max_size=300), st.booleans(),
+       st.sampled_from(["left", "right"]))
+def test_search_is_numpys_searchsorted(a, v, sort_v, side):
+    """``intervals.search``: numpy's positions, counted from the short side where the queries are
+    sorted and several times as many (ties on both sides), numpy's own search otherwise."""
+    a = np.sort(np.array(a, np.int64))
+    v = np.array(v, np.int64)
+    if sort_v:
+        v = np.sort(v)
+    np.testing.assert_array_equal(iv.search(a, v, side), np.searchsorted(a, v, side=side))
