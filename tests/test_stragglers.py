@@ -626,3 +626,23 @@ def test_phase_excess_over_the_ranks_parts_is_the_excess_over_their_joined_table
             got = ph_mod.coded_phase_excess(getattr(lazy, kind), lp, lc, l_names, l_cats, windows, rows)
             pd.testing.assert_frame_equal(got.rows, want.rows, check_exact=True)
             assert len(want.rows) or not len(getattr(joined, kind))  # the case is not vacuous
+
+
+@pytest.mark.parametrize("spread", [1, 1_000_000_007])
+def test_map_ids_is_series_map(spread):
+    """``stragglers._map_ids`` (a table by id where the ids are dense, a search where they are far
+    apart) as ``Series.map`` of the dict: int64 where every id is mapped, float64 with NaN where
+    one is not, the index kept."""
+    from profkit.analyze.stragglers import _map_ids
+
+    rng = np.random.default_rng(9)
+    for _ in range(200):
+        keys = rng.choice(np.arange(-2, 60) * spread, size=int(rng.integers(1, 40)), replace=False)
+        mapping = {int(k): int(rng.integers(-3, 30)) for k in keys}
+        pool = keys if rng.random() < 0.5 else np.r_[keys, np.arange(-5, 70) * spread]
+        ids = pd.Series(rng.choice(pool, int(rng.integers(1, 80))).astype(np.int64))
+        ids.index = ids.index + int(rng.integers(0, 5))
+        want = ids.map(mapping)
+        if want.notna().all():
+            want = want.astype("int64")
+        pd.testing.assert_series_equal(_map_ids(ids, mapping), want)

@@ -457,14 +457,27 @@ def _map_ids(ids: pd.Series, mapping: dict[int, int]) -> pd.Series:
     int64 when every id is mapped, else float64 with NaN where one is not, as ``Series.map``."""
     keys = np.fromiter(mapping.keys(), np.int64, len(mapping))
     values = np.fromiter(mapping.values(), np.int64, len(mapping))
-    order = np.argsort(keys)
-    keys, values = keys[order], values[order]
     v = ids.to_numpy(np.int64)
-    j = np.minimum(np.searchsorted(keys, v), max(keys.size - 1, 0))
-    found = keys[j] == v if keys.size else np.zeros(v.size, bool)
+    lo = int(keys.min()) if keys.size else 0
+    span = int(keys.max()) - lo + 1 if keys.size else 0
+    if keys.size and span <= 4 * keys.size + 4096 and v.size:  # ids numbered densely: a table by id
+        in_range = (v >= lo) & (v < lo + span)
+        at = np.where(in_range, v - lo, 0)
+        table = np.zeros(span, np.int64)
+        table[keys - lo] = values
+        known = np.zeros(span, bool)
+        known[keys - lo] = True
+        found = known[at] & in_range
+        mapped = table[at]
+    else:  # a search in the sorted ids
+        order = np.argsort(keys)
+        keys, values = keys[order], values[order]
+        j = np.minimum(np.searchsorted(keys, v), max(keys.size - 1, 0))
+        found = keys[j] == v if keys.size else np.zeros(v.size, bool)
+        mapped = values[j] if keys.size else np.zeros(v.size, np.int64)
     if found.all():
-        return pd.Series(values[j], index=ids.index, dtype="int64")
-    return pd.Series(np.where(found, values[j] if keys.size else 0, np.nan), index=ids.index, dtype="float64")
+        return pd.Series(mapped, index=ids.index, dtype="int64")
+    return pd.Series(np.where(found, mapped, np.nan), index=ids.index, dtype="float64")
 
 
 def _per_rank(ranks: list[int], arrivals: pd.DataFrame, steps: pd.DataFrame | None, extents: pd.DataFrame,
