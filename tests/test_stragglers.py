@@ -646,3 +646,21 @@ def test_map_ids_is_series_map(spread):
         if want.notna().all():
             want = want.astype("int64")
         pd.testing.assert_series_equal(_map_ids(ids, mapping), want)
+
+
+@pytest.mark.parametrize("presorted", [True, False])
+def test_first_and_last_arrivals_are_the_sorted_groups_head_and_tail(presorted):
+    """``stragglers._first_and_last``: each instance's first and last arrival read at the bounds of
+    its run (arrivals sorted as ``arrival_rows`` sorts them, else sorted first), as the stable
+    sort by (instance, start, rank) and ``groupby("instance").head(1)`` / ``tail(1)`` give them."""
+    rng = np.random.default_rng(13)
+    for _ in range(200):
+        n = int(rng.integers(0, 60))
+        rows = pd.DataFrame({"instance": rng.integers(0, 6, n), "start_ns": rng.integers(0, 4, n),
+                             "rank": rng.integers(0, 3, n), "late_ns": rng.integers(-9, 9, n)})
+        if presorted:
+            rows = rows.sort_values(["instance", "start_ns", "rank"], kind="stable").reset_index(drop=True)
+        g = rows.sort_values(["instance", "start_ns", "rank"], kind="stable").groupby("instance", sort=True)
+        first, last = st._first_and_last(rows)
+        pd.testing.assert_frame_equal(first, g.head(1).set_index("instance"))
+        pd.testing.assert_frame_equal(last, g.tail(1).set_index("instance"))
