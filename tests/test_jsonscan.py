@@ -524,3 +524,24 @@ def test_preload_imports_the_readers_the_files_need(monkeypatch, tmp_path):
         monkeypatch.delitem(sys.modules, name, raising=False)
     readers.preload([tmp_path / "r0.pt.trace.json.gz"])
     assert "profkit.ingest.kineto" in sys.modules and "profkit.ingest.nsys" not in sys.modules
+
+
+def test_pieces_are_larger_for_large_files_only(tmp_path, monkeypatch):
+    """``scanned.chunk_bytes``: a file of ``LARGE_FILE_BYTES`` or more on disk is scanned in
+    ``LARGE_CHUNK_BYTES`` pieces (each piece's fixed cost paid a quarter as often), a smaller one
+    in ``CHUNK_BYTES`` pieces (the larger pieces' ~40 MB more held at once would weigh on a load
+    of small files); ``kineto``'s piece decoder asks it by the file's size (the scanner stubbed:
+    this test builds nothing)."""
+    from profkit.ingest import kineto
+
+    assert scanned.LARGE_CHUNK_BYTES > scanned.CHUNK_BYTES
+    assert scanned.chunk_bytes(None) == scanned.CHUNK_BYTES
+    assert scanned.chunk_bytes(scanned.LARGE_FILE_BYTES - 1) == scanned.CHUNK_BYTES
+    assert scanned.chunk_bytes(scanned.LARGE_FILE_BYTES) == scanned.LARGE_CHUNK_BYTES
+    monkeypatch.setattr(scanned, "decoder", lambda size_bytes=None: scanned.decode)
+    small, large = tmp_path / "small.json", tmp_path / "large.json"
+    small.write_bytes(b"{}")
+    with open(large, "wb") as fh:
+        fh.truncate(scanned.LARGE_FILE_BYTES)  # sparse: its size is all that is read
+    assert kineto._piece_decoder(small) == (scanned.decode, scanned.CHUNK_BYTES)
+    assert kineto._piece_decoder(large) == (scanned.decode, scanned.LARGE_CHUNK_BYTES)

@@ -96,13 +96,14 @@ def read_trace_json(path: str | Path, source: str, cat_spec: Callable[[str | Non
 
 def _piece_decoder(path: str | Path) -> tuple[Callable[[Any], Any], int | None]:
     """(decoder of a piece, piece bytes): the compiled scanner's (``scanned``) where it is installed
-    and the file is large enough to repay loading it, else msgspec's (``decode_piece``)."""
+    and the file is large enough to repay loading it, its pieces sized by the file's size on disk
+    (``scanned.chunk_bytes``), else msgspec's (``decode_piece``)."""
     try:
         size = os.path.getsize(path)
     except OSError:
         size = None
     scan = scanned.decoder(size)
-    return (decode_piece, None) if scan is None else (scan, scanned.CHUNK_BYTES)
+    return (decode_piece, None) if scan is None else (scan, scanned.chunk_bytes(size))
 
 
 def _finish(path: str, source: str, doc: TraceJSON, cols: EventColumns, chunked: bool) -> RankPart:

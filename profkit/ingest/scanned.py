@@ -36,10 +36,14 @@ from profkit.ingest.typedjson import decode_piece
 NO_JIT_ENV = "PROFKIT_NO_JIT"  # set (any value): no compiled code, here as in the impact replay
 MIN_FILE_BYTES = 8 << 20  # on disk (gzip or not): see the module docstring
 MIN_BYTES_ENV = "PROFKIT_SCAN_MIN_BYTES"  # overrides MIN_FILE_BYTES
-# JSON per scanned piece: its fixed cost (~30 numpy and Arrow calls) stays small. 8 MB: four
-# simulated 182 MB ranks read in 1.29 s of CPU against 1.39 s in 4 MB pieces and 1.54 s in 2 MB
-# (16 MB: no better); the scanner's output arrays are then ~57 MB a thread (room for 16 MB)
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 2 << 20  # JSON per scanned piece: its fixed cost (~30 numpy and Arrow calls) stays small
+# ... and per piece of a file of LARGE_FILE_BYTES or more on disk (``chunk_bytes``): four simulated
+# 182 MB ranks (15 MB gzip'd) read in 1.29 s of CPU against 1.39 s in 4 MB pieces and 1.54 s in
+# 2 MB (16 MB: no better). A smaller file keeps 2 MB pieces: 8 MB ones hold ~40 MB more at once
+# (the piece, the scanner's output arrays), which raised the peak of a load of 8 ranks of 25 MB
+# of JSON (``benchmarks/ingest.py``) from 230 to 270 MB for 0.05 s
+LARGE_CHUNK_BYTES = 8 << 20
+LARGE_FILE_BYTES = 8 << 20
 US_LIMIT = 4.0e15  # as traceevents.US_LIMIT: rows outside are dropped with a warning there, so defer
 
 # The scanner's output (``jsonscan.scan_piece``): its status, and one int64 column per field of a row
@@ -233,6 +237,12 @@ def _strings(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, valid: np.ndar
     out = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data), bitmap)
     out.validate(full=True)
     return out
+
+
+def chunk_bytes(size_bytes: int | None) -> int:
+    """JSON per scanned piece of a file of ``size_bytes`` on disk (``LARGE_CHUNK_BYTES`` from
+    ``LARGE_FILE_BYTES`` on, else ``CHUNK_BYTES``)."""
+    return LARGE_CHUNK_BYTES if size_bytes is not None and size_bytes >= LARGE_FILE_BYTES else CHUNK_BYTES
 
 
 def _outputs(n_bytes: int) -> tuple[np.ndarray, ...]:
