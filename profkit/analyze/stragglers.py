@@ -453,28 +453,18 @@ def _category_code(excess: ph_mod.CodedExcess, name: str) -> int:
 
 
 def _map_ids(ids: pd.Series, mapping: dict[int, int]) -> pd.Series:
-    """``ids.map(mapping)`` for integer ids and values, through a sorted array (millions of rows):
-    int64 when every id is mapped, else float64 with NaN where one is not, as ``Series.map``."""
+    """``ids.map(mapping)`` for integer ids and values (millions of rows), looked up as the phase
+    windows are (``straggler_phases._WindowIndex``): int64 when every id is mapped, else float64
+    with NaN where one is not, as ``Series.map``."""
     keys = np.fromiter(mapping.keys(), np.int64, len(mapping))
     values = np.fromiter(mapping.values(), np.int64, len(mapping))
+    order = np.argsort(keys)
+    keys, values = keys[order], values[order]
     v = ids.to_numpy(np.int64)
-    lo = int(keys.min()) if keys.size else 0
-    span = int(keys.max()) - lo + 1 if keys.size else 0
-    if keys.size and span <= 4 * keys.size + 4096 and v.size:  # ids numbered densely: a table by id
-        in_range = (v >= lo) & (v < lo + span)
-        at = np.where(in_range, v - lo, 0)
-        table = np.zeros(span, np.int64)
-        table[keys - lo] = values
-        known = np.zeros(span, bool)
-        known[keys - lo] = True
-        found = known[at] & in_range
-        mapped = table[at]
-    else:  # a search in the sorted ids
-        order = np.argsort(keys)
-        keys, values = keys[order], values[order]
-        j = np.minimum(np.searchsorted(keys, v), max(keys.size - 1, 0))
-        found = keys[j] == v if keys.size else np.zeros(v.size, bool)
-        mapped = values[j] if keys.size else np.zeros(v.size, np.int64)
+    # the windows' lookups: a table by id where the ids are numbered densely, else a search
+    index = ph_mod._WindowIndex(keys, keys)
+    found = index.wanted(v)
+    mapped = values[np.minimum(index.positions(v), keys.size - 1)] if keys.size else np.zeros(v.size, np.int64)
     if found.all():
         return pd.Series(mapped, index=ids.index, dtype="int64")
     return pd.Series(np.where(found, mapped, np.nan), index=ids.index, dtype="float64")
