@@ -59,9 +59,7 @@ def instances_from_candidates(rows: pd.DataFrame, complete_only: bool = True,
     """
     notes: list[str] = []
     if rows is None or rows.empty:
-        out = _empty_instances()
-        if columns is not None:
-            out = out[[c for c in INSTANCE_COLUMNS if c in set(columns) | _REPORTED]]
+        out = _only(_empty_instances(), columns)
         out.attrs["report"] = _report(out, 0, notes)
         return out
     matched, unmatched = _match(rows, notes)
@@ -216,13 +214,20 @@ def _match_by_order(o: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, in
 _REPORTED = {"instance", "key", "complete"}  # what ``_report`` reads
 
 
+def _only(frame: pd.DataFrame, columns: list[str] | None) -> pd.DataFrame:
+    """``frame``'s ``columns`` and those the report reads, in its own order (all of them: None)."""
+    if columns is None:
+        return frame
+    wanted = set(columns) | _REPORTED
+    return frame[[c for c in frame.columns if c in wanted]]
+
+
 def _finish(m: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
     """Participants, presence and instance ids of the labelled rows, on integer codes: a label is
     (``key``, ``_num``), and the label strings ``key#num`` are made once per instance, where their
     order breaks ties. ``columns``: see ``instances_from_candidates``."""
     if m.empty:
-        out = _empty_instances()
-        return out if columns is None else out[[c for c in INSTANCE_COLUMNS if c in set(columns) | _REPORTED]]
+        return _only(_empty_instances(), columns)
     part, parts = pd.factorize(m["key"])
     rank = m["rank"].to_numpy(np.int64)
     num = m["_num"].to_numpy(np.int64)
@@ -244,9 +249,7 @@ def _finish(m: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
     instance = ids[lab]
     m = m.assign(n_participants=n_participants, n_present=n_present, complete=n_present == n_participants,
                  instance=instance)
-    if columns is not None:
-        wanted = set(columns) | _REPORTED
-        m = m[[c for c in m.columns if c in wanted]]
+    m = _only(m, columns)
     m = m.take(np.lexsort((rank, instance))).reset_index(drop=True)
     for c in ("launch_ns", "host_start_ns", "host_end_ns", "seq", "device", "stream", "pid", "tid"):
         if c in m and m[c].dtype != "Int64":
