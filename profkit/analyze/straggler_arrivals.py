@@ -134,7 +134,7 @@ def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame 
     launch = rows["launch_ns"].astype("Int64").to_numpy(dtype=np.int64, na_value=np.iinfo(np.int64).max) \
         if "launch_ns" in rows else np.full(len(rows), np.iinfo(np.int64).max, np.int64)
     kind = rows["source_kind"]
-    is_kernel = distinct.isin(kind, "kernel") if _is_str(kind) else kind.astype(str).to_numpy() == "kernel"
+    is_kernel = _kind_is(kind, "kernel")
     gated = is_kernel & (launch < start - GPU_GATED_NS)
     out = pd.DataFrame({
         "instance": rows["instance"].to_numpy(np.int64),
@@ -163,6 +163,11 @@ def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame 
 def _is_str(col: pd.Series) -> bool:
     """Whether ``col`` has the dtype pandas gives a column of Python strings (pandas 3: ``str``)."""
     return isinstance(col.dtype, pd.StringDtype) and col.dtype == distinct.STR_DTYPE
+
+
+def _kind_is(kind: pd.Series, name: str) -> np.ndarray:
+    """``kind.astype(str) == name`` as a bool array: a ``str`` column tested per distinct value."""
+    return distinct.isin(kind, name) if _is_str(kind) else (kind.astype(str) == name).to_numpy(bool)
 
 
 def _strings(col: pd.Series, as_type: type):
@@ -239,10 +244,8 @@ def _host_sync_before(inst: pd.DataFrame, rank: np.ndarray, t: np.ndarray, steps
     of the rank's step stands in for it (every rank starts the same step's work).
     """
     out = np.full(rank.size, np.iinfo(np.int64).min, np.int64)
-    kind = inst["source_kind"]
-    is_cpu = distinct.isin(kind, "cpu_span") if _is_str(kind) else (kind.astype(str) == "cpu_span").to_numpy(bool)
     # only the columns ``_sync_ends`` reads are taken (every instance row's strings are not)
-    cpu = inst.loc[is_cpu, [c for c in _SYNC_END_COLUMNS if c in inst]]
+    cpu = inst.loc[_kind_is(inst["source_kind"], "cpu_span"), [c for c in _SYNC_END_COLUMNS if c in inst]]
     if len(cpu):
         marks = _sync_ends(cpu)
     elif steps is not None and len(steps):
