@@ -813,11 +813,10 @@ def coded_phase_excess(phases: pd.DataFrame | list[pd.DataFrame], p_codes: np.nd
 
 def _front_only(before: "tuple[CodedExcess, np.ndarray] | None", names: np.ndarray,
                 categories: np.ndarray) -> CodedExcess:
-    """``coded_phase_excess`` without rows of its own: the ``before`` rows alone (as ``concat_excess``
-    of them and an empty table gives them), else the empty table."""
+    """``coded_phase_excess`` without rows of its own: the ``before`` rows alone, else the empty table."""
     if before is None or not before[1].any():
         return _empty_coded(names, categories)
-    return concat_excess([before[0].take(before[1]), _empty_coded(names, categories)])
+    return concat_excess([before[0].take(before[1])])
 
 
 @dataclass
@@ -850,7 +849,7 @@ class _SortKey:
         seen = pd.unique(np.concatenate([pd.unique(np.asarray(pc, np.int64)[k]) for (_, pc, _), k in zip(parts, kept)]))
         local = np.zeros(max(n_names, 1), np.int64)
         local[seen] = np.arange(seen.size)
-        top = max(int(t["ns"].to_numpy(np.int64)[k].max()) for (t, _, _), k, n in zip(parts, kept, sizes) if n) + 1
+        top = max(int(np.max(t["ns"].to_numpy(np.int64), where=k, initial=0)) for (t, _, _), k in zip(parts, kept)) + 1
         low = min(int(t["rank"].min()) for (t, _, _), n in zip(parts, sizes) if n)
         high = max(int(t["rank"].max()) for (t, _, _), n in zip(parts, sizes) if n)
         small = np.iinfo(np.int32)
