@@ -30,6 +30,7 @@ the step-time change per step and per token served, with bootstrap intervals (``
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -39,7 +40,7 @@ import pandas as pd
 
 from profkit import distinct, schema
 from profkit.analyze.jsonable import json_scalar
-from profkit.analyze.steps import VLLM_STEP_RE, step_batch_facts
+from profkit.analyze.steps import VLLM_STEP_RE, _batch_facts
 from profkit.ingest.expert_loads import (  # noqa: F401 - the parsers live in ingest; read as balance.* too
     LOAD_COLUMNS, ROUTING_ATTR, LoadsFormatError, parse_engine_steps, parse_expert_loads, parse_sim_expert_loads,
 )
@@ -153,51 +154,74 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None,
     """``rank, step, num_tokens, batch_size``: the step table's own columns, or, when the step marker
     carries no token count (``EngineCore.step``), the vLLM annotation ``execute_context_N(tok)_
     generation_N(tok)`` that starts inside each step on the same rank (summed if several).
-    ``arrays``: ``overhead.event_arrays(events)``, when the caller has them (names factorized)."""
+    ``arrays``: ``overhead.event_arrays(events)``, when the caller has them (names factorized).
+    Arrays, not a frame per rank: a rank's few hundred steps made each pandas call cost more than
+    its work."""
     cols = ["rank", "step", "num_tokens", "batch_size"]
     if steps is None or not len(steps):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
-    base = steps[["rank", "step", "start_ns", "end_ns"]].astype("int64").copy()
-    for c in ("num_tokens", "batch_size"):
-        have = steps[c] if c in steps else pd.Series(pd.NA, index=steps.index)
-        base[c] = pd.array(have, dtype="Int64")
-    if base["num_tokens"].notna().all() or events is None or not len(events):
-        return base[cols]
-    # the regex once per distinct name, and rows taken of the three columns read below only (a
-    # rank has hundreds of thousands of host rows and a few hundred distinct names)
+    have = {c: pd.array(steps[c] if c in steps else pd.Series(pd.NA, index=steps.index), dtype="Int64")
+            for c in ("num_tokens", "batch_size")}
+    if not have["num_tokens"].isna().any() or events is None or not len(events):
+        return _own(steps, have)
+    # the regex once per distinct name, and only the annotations' rows taken (a rank has hundreds
+    # of thousands of host rows and a few hundred distinct names)
     is_host = distinct.isin(events["kind"], (schema.CPU_SPAN, schema.CPU_OP))
     named = arrays.factorized_names(events) if arrays is not None else None
     codes, uniques = named if named is not None else pd.factorize(events["name"], use_na_sentinel=True)
-    hit = distinct.regex_flags([str(u) for u in uniques], codes, VLLM_STEP_RE, missing=None)
-    ann = events.loc[is_host & hit, ["rank", "start_ns", "name"]]
-    if not len(ann):
-        return base[cols]
-    facts = step_batch_facts(ann["name"])
-    ann = pd.DataFrame({"rank": ann["rank"].to_numpy(np.int64), "start_ns": ann["start_ns"].to_numpy(np.int64),
-                        "tokens": facts["num_tokens"].to_numpy(dtype="float64", na_value=np.nan),
-                        "batch": facts["batch_size"].to_numpy(dtype="float64", na_value=np.nan)})
-    filled = []
-    a_rank = ann["rank"].to_numpy(np.int64)
-    for rank, b in base.groupby("rank", sort=False):
-        a = ann[a_rank == rank].sort_values("start_ns", kind="stable")
-        b = b.sort_values("start_ns")
-        a_start = a["start_ns"].to_numpy(np.int64)
-        j = np.searchsorted(b["start_ns"].to_numpy(np.int64), a_start, side="right") - 1
-        inside = (j >= 0) & (a_start < b["end_ns"].to_numpy(np.int64)[np.maximum(j, 0)])
-        filled.append(b.assign(**{col: b[col].fillna(_summed(a[src].to_numpy(np.float64), j, inside, b.index))
-                                  for col, src in (("num_tokens", "tokens"), ("batch_size", "batch"))}))
-    out = pd.concat(filled, ignore_index=True).sort_values(["rank", "step"]).reset_index(drop=True)
-    return out[cols]
+    text = [str(u) for u in uniques]
+    rows = np.flatnonzero(is_host & distinct.regex_flags(text, codes, VLLM_STEP_RE, missing=None))
+    if not len(rows):
+        return _own(steps, have)
+    _, a_batch, a_tokens = _batch_facts(np.asarray(text, dtype=object)[codes[rows]])
+    a_rank = events["rank"].iloc[rows].to_numpy(np.int64)
+    a_start = events["start_ns"].iloc[rows].to_numpy(np.int64)
+    rank, step = steps["rank"].to_numpy(np.int64), steps["step"].to_numpy(np.int64)
+    start, end = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+    order = np.lexsort((start, rank))  # each rank's steps by start
+    a_order = np.lexsort((a_start, a_rank))  # and its annotations (stable)
+    rank, step, start, end = rank[order], step[order], start[order], end[order]
+    a_rank, a_start, a_batch, a_tokens = a_rank[a_order], a_start[a_order], a_batch[a_order], a_tokens[a_order]
+    at = np.full(len(a_rank), -1, dtype=np.int64)  # each annotation's step (position), -1: none
+    lo = np.searchsorted(rank, a_rank, side="left")
+    hi = np.searchsorted(rank, a_rank, side="right")
+    for r in np.unique(a_rank).tolist():  # per rank: the step each annotation starts in
+        mine = np.flatnonzero(a_rank == r)
+        first, last = int(lo[mine[0]]), int(hi[mine[0]])
+        if first == last:  # a rank without steps
+            continue
+        j = np.searchsorted(start[first:last], a_start[mine], side="right") - 1
+        ok = (j >= 0) & (a_start[mine] < end[first:last][np.maximum(j, 0)])
+        at[mine[ok]] = first + j[ok]
+    out = {"rank": rank, "step": step}
+    for col, values in (("num_tokens", a_tokens), ("batch_size", a_batch)):
+        known = have[col][order]
+        out[col] = known.fillna(_summed(values, at, at >= 0, len(rank))) if known.isna().any() else known
+    final = np.lexsort((start, step, rank))  # as a stable sort by (rank, step) of the steps by start
+    return _kept_attrs(pd.DataFrame({c: v[final] for c, v in out.items()}), steps)
 
 
-def _summed(values: np.ndarray, step: np.ndarray, inside: np.ndarray, index: pd.Index) -> pd.Series:
-    """Per step (``step``: each value's position in ``index``, where ``inside``): the sum of its
-    values, rounded; missing where it has none that is not NaN (a sum of ``min_count=1``; token
-    counts and batch sizes are whole numbers, so any order of summing gives the same)."""
+def _own(steps: pd.DataFrame, have: dict) -> pd.DataFrame:
+    """``step_tokens`` of the steps' own columns (their index kept)."""
+    return _kept_attrs(pd.DataFrame({"rank": steps["rank"].astype("int64"), "step": steps["step"].astype("int64")}
+                                    | have), steps)
+
+
+def _kept_attrs(out: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """``out`` with the steps' ``attrs`` (their dropped steps), as pandas carries them through a
+    selection of the steps' columns."""
+    out.attrs = copy.deepcopy(steps.attrs)
+    return out
+
+
+def _summed(values: np.ndarray, step: np.ndarray, inside: np.ndarray, n: int) -> pd.arrays.IntegerArray:
+    """Per step (``step``: each value's step position, where ``inside``; ``n`` steps): the sum of
+    its values, rounded; missing where it has none that is not NaN (a sum of ``min_count=1``;
+    token counts and batch sizes are whole numbers, so any order of summing gives the same)."""
     ok = inside & ~np.isnan(values)
-    counts = np.bincount(step[ok], minlength=len(index))
-    sums = np.bincount(step[ok], weights=values[ok], minlength=len(index))
-    return pd.Series(pd.array(np.rint(sums), dtype="Int64"), index=index).where(counts > 0)
+    counts = np.bincount(step[ok], minlength=n)
+    sums = np.bincount(step[ok], weights=values[ok], minlength=n)
+    return pd.arrays.IntegerArray(np.rint(sums).astype(np.int64), counts == 0)
 
 
 def dp_imbalance(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -80,6 +80,7 @@ _HOST_SPAN_KINDS = (schema.CPU_SPAN, schema.CPU_OP)
 _VLLM_RE = re.compile(r"context_(\d+)\((?:sq)?([\d_]*)[^)]*\)_generation_(\d+)\((?:sq)?([\d_]*)[^)]*\)")
 _SGLANG_RE = re.compile(r"^step\[(\w+)(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?")
 _NUMBER_RE = re.compile(r"#(\d+)$")
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 def marker_regex(step_pattern: str | None = None) -> re.Pattern[str]:
@@ -97,6 +98,23 @@ def step_markers(step_pattern: str | None = None) -> tuple[StepMarker, ...]:
     return BUILTIN_MARKERS
 
 
+@dataclass
+class _Spans:
+    """Step spans as arrays in (rank, start) order, each rank's outermost only: what
+    ``find_step_spans`` returns before it is a frame. ``step_table`` works on these, not on a frame
+    per stage: a rank's few hundred steps made each pandas call cost more than its work."""
+    rank: np.ndarray  # int64
+    step: np.ndarray  # int64
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    name: np.ndarray  # object: str, or None where a span has no name
+    marker: str
+
+    def take(self, keep: np.ndarray) -> "_Spans":
+        return _Spans(self.rank[keep], self.step[keep], self.start_ns[keep], self.end_ns[keep], self.name[keep],
+                      self.marker)
+
+
 def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None,
                     chosen: tuple[str, bool] | None = None) -> pd.DataFrame:
     """Step spans of every rank: columns rank, step, start_ns, end_ns, name, marker.
@@ -105,17 +123,27 @@ def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None,
     iteration counts once. ``chosen`` = (marker key, numbered): the marker and numbering decided
     over all ranks (``choose_step_marker``) when ``events`` hold only some of them.
     """
+    spans = _step_spans(events, step_pattern, chosen)
+    if spans is None:
+        return pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns", "name", "marker"])
+    out = pd.DataFrame({"rank": spans.rank, "step": spans.step, "start_ns": spans.start_ns, "end_ns": spans.end_ns,
+                        "name": pd.Series(spans.name, dtype=object)})
+    out["marker"] = spans.marker
+    return out
+
+
+def _step_spans(events: pd.DataFrame, step_pattern: str | None, chosen: tuple[str, bool] | None) -> _Spans | None:
+    """``find_step_spans``' rows as arrays (None: no marker found)."""
     host, names = _host_names(events)
     for marker in step_markers(step_pattern):
         if chosen is not None and marker.key != chosen[0]:
             continue
         hit = distinct.contains(names, marker.pattern)
         if hit.any():
-            spans = _span_rows(events, _outermost(events, host[hit]))
-            return _number_steps(spans, marker.key, None if chosen is None else chosen[1])
+            return _numbered(events, host[hit], marker.key, None if chosen is None else chosen[1])
         if chosen is not None:
             break
-    return pd.DataFrame(columns=["rank", "step", "start_ns", "end_ns", "name", "marker"])
+    return None
 
 
 def _host_names(events: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
@@ -124,31 +152,57 @@ def _host_names(events: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
     return host, events["name"].iloc[host]
 
 
-def _span_rows(events: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
-    """The step-span columns of the rows at ``rows`` (positions), as the step table types them:
-    each column taken at the rows alone (selecting columns of the wide frame, then ``astype``,
-    cost milliseconds per call)."""
+def _numbered(events: pd.DataFrame, rows: np.ndarray, marker_key: str, numbered: bool | None) -> _Spans:
+    """The outermost spans at ``rows`` (positions), numbered: by the ``#<n>`` their names end in
+    where every one has it (``numbered``: as decided over all ranks), else in order per rank."""
+    rank, start, end = (events[c].iloc[rows].to_numpy(np.int64) for c in ("rank", "start_ns", "end_ns"))
+    keep = _outermost(rank, start, end)
+    rows, rank, start, end = rows[keep], rank[keep], start[keep], end[keep]
     codes, uniques = distinct.codes(events["name"])
     c = codes[rows]
     if (c < 0).any():  # a span without a name: as ``astype(object)`` spells it
         names = events["name"].iloc[rows].astype("object").to_numpy(dtype=object)
     else:
         names = uniques[c]
-    index = events.index[rows]
-    return pd.DataFrame({col: events[col].iloc[rows].to_numpy(np.int64) for col in ("rank", "start_ns", "end_ns")}
-                        | {"name": pd.Series(names, index=index, dtype=object)}, index=index)
+    first = np.r_[True, rank[1:] != rank[:-1]] if len(rank) else np.zeros(0, dtype=bool)
+    ordinal = np.arange(len(rank), dtype=np.int64)
+    ordinal -= np.maximum.accumulate(np.where(first, ordinal, 0))  # the position inside its rank's run
+    numbers = _name_numbers(uniques)
+    explicit = np.where(c >= 0, numbers[np.maximum(c, 0)] if len(uniques) else -1, -1)
+    if not (explicit < 0).any() if numbered is None else numbered:
+        if (explicit < 0).any():
+            raise ValueError(f"step names without a '#<number>' where every rank's are numbered: "
+                             f"{names[explicit < 0][:3].tolist()}")
+        step = explicit
+    else:
+        step = ordinal
+    return _Spans(rank, step.astype(np.int64), start, end, names, marker_key)
 
 
-def _outermost(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """``rows`` (positions) less the spans inside an earlier span of their rank (nested step
-    matches: each iteration counts once), in the order of (rank, start, longest first; stable)."""
-    rank, start, end = (events[c].iloc[rows].to_numpy(np.int64) for c in ("rank", "start_ns", "end_ns"))
+def _name_numbers(uniques: np.ndarray) -> np.ndarray:
+    """Per distinct name, the number its name ends in (``#<n>``), -1 where none or where it is past
+    int64 (a hostile name is not a step number: its steps are counted in order instead)."""
+    out = np.full(len(uniques), -1, dtype=np.int64)
+    for i, name in enumerate(uniques.tolist()):
+        m = _NUMBER_RE.search(name) if isinstance(name, str) else None
+        if m and int(m[1]) <= _INT64_MAX:
+            out[i] = int(m[1])
+    return out
+
+
+def _outermost(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Positions of the spans (``rank``, ``start``, ``end``: int64) not inside an earlier span of
+    their rank (nested step matches: each iteration counts once), in the order of (rank, start,
+    longest first; stable)."""
     order = np.lexsort((-end, start, rank))
     rank, end = rank[order], end[order]
     same = np.r_[False, rank[1:] == rank[:-1]]
-    run_end = pd.Series(end).groupby(np.cumsum(~same)).cummax().to_numpy()
+    run_end = np.empty_like(end)
+    bounds = np.r_[np.flatnonzero(~same), len(end)]
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # the latest end so far, per rank
+        np.maximum.accumulate(end[lo:hi], out=run_end[lo:hi])
     inner = same & (end <= np.r_[0, run_end[:-1]])
-    return rows[order][~inner]
+    return order[~inner]
 
 
 def step_marker_facts(events: pd.DataFrame, step_pattern: str | None = None) -> dict[str, bool]:
@@ -159,8 +213,10 @@ def step_marker_facts(events: pd.DataFrame, step_pattern: str | None = None) -> 
     for marker, hit in zip(markers, distinct.contains_each(names, [m.pattern for m in markers])):
         if hit.any():  # every outermost span's name ends in "#<number>" (a missing name does not)
             codes, uniques = distinct.codes(events["name"])
-            facts[marker.key] = bool(distinct.regex_flags(uniques, codes[_outermost(events, host[hit])], _NUMBER_RE,
-                                                          "search", missing=None).all())
+            rows = host[hit]
+            rank, start, end = (events[c].iloc[rows].to_numpy(np.int64) for c in ("rank", "start_ns", "end_ns"))
+            facts[marker.key] = bool(distinct.regex_flags(uniques, codes[rows[_outermost(rank, start, end)]],
+                                                          _NUMBER_RE, "search", missing=None).all())
     return facts
 
 
@@ -173,18 +229,6 @@ def choose_step_marker(facts: list[dict[str, bool]], step_pattern: str | None = 
     return None
 
 
-def _number_steps(spans: pd.DataFrame, marker_key: str, numbered: bool | None = None) -> pd.DataFrame:
-    spans = spans.sort_values(["rank", "start_ns"]).reset_index(drop=True)
-    explicit = spans["name"].str.extract(_NUMBER_RE, expand=False)
-    ordinal = spans.groupby("rank").cumcount()
-    if explicit.notna().all() if numbered is None else numbered:
-        spans["step"] = explicit.astype("int64")
-    else:
-        spans["step"] = ordinal.astype("int64")
-    spans["marker"] = marker_key
-    return spans[["rank", "step", "start_ns", "end_ns", "name", "marker"]]
-
-
 def iteration_periods(spans: pd.DataFrame) -> pd.DataFrame:
     """Step spans -> steps: an annotation marker's step runs to the next annotation's start on
     its rank (see the module docstring); other markers are the step. Adds ``marker_end_ns``
@@ -195,21 +239,34 @@ def iteration_periods(spans: pd.DataFrame) -> pd.DataFrame:
     if spans.empty or not spans["marker"].isin(ANNOTATION_MARKERS).any():
         return spans
     spans = spans.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
-    rank = spans["rank"].to_numpy(np.int64)
-    start = spans["start_ns"].to_numpy(np.int64)
-    end = spans["end_ns"].to_numpy(np.int64)
+    spans["end_ns"], spans["whole_period"] = _periods(
+        spans["rank"].to_numpy(np.int64), spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64),
+        spans["marker"].isin(ANNOTATION_MARKERS).to_numpy(bool))
+    return spans
+
+
+def _periods(rank: np.ndarray, start: np.ndarray, end: np.ndarray, annotation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(end, whole period) of each step span in (rank, start) order: an annotation's (``annotation``)
+    runs to the next span's start on its rank, where that is not before its own end."""
     has_next = np.r_[rank[1:] == rank[:-1], False]
     nxt = np.r_[start[1:], 0]
-    period = has_next & (nxt >= end) & spans["marker"].isin(ANNOTATION_MARKERS).to_numpy(bool)
-    spans["end_ns"] = np.where(period, nxt, end)
-    spans["whole_period"] = period | ~spans["marker"].isin(ANNOTATION_MARKERS).to_numpy(bool)
-    return spans
+    period = has_next & (nxt >= end) & annotation
+    return np.where(period, nxt, end), period | ~annotation
 
 
 def step_batch_facts(names: pd.Series) -> pd.DataFrame:
     """Phase (prefill / decode / mixed), batch size and tokens parsed from step names (each
     distinct name parsed once: a decode-only run repeats the same few names for every step)."""
-    codes, uniques = pd.factorize(names.astype(str))
+    phase, batch, tokens = _batch_facts(names.astype(str))
+    return pd.DataFrame({"phase": pd.Series(phase, index=names.index, dtype="string"),
+                         "batch_size": pd.Series(batch, index=names.index, dtype=np.float64).astype("Int64"),
+                         "num_tokens": pd.Series(tokens, index=names.index, dtype=np.float64).astype("Int64")})
+
+
+def _batch_facts(names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``step_batch_facts``' columns as arrays (phase: object, None where unknown; batch size and
+    tokens: float64, NaN where unknown) of ``names`` (text, missing: no facts)."""
+    codes, uniques = pd.factorize(names)
     phase: list[str | None] = []
     batch: list[float] = []
     tokens: list[float] = []
@@ -235,16 +292,8 @@ def step_batch_facts(names: pd.Series) -> pd.DataFrame:
     batch.append(np.nan)
     tokens.append(np.nan)
     codes = np.where(codes < 0, len(uniques), codes)
-    return pd.DataFrame(
-        {
-            "phase": pd.Series(np.asarray(phase, dtype=object)[codes] if len(codes) else [], index=names.index,
-                               dtype="string"),
-            "batch_size": pd.Series(np.asarray(batch, dtype=np.float64)[codes] if len(codes) else [],
-                                    index=names.index, dtype=np.float64).astype("Int64"),
-            "num_tokens": pd.Series(np.asarray(tokens, dtype=np.float64)[codes] if len(codes) else [],
-                                    index=names.index, dtype=np.float64).astype("Int64"),
-        }
-    )
+    return (np.asarray(phase, dtype=object)[codes], np.asarray(batch, dtype=np.float64)[codes],
+            np.asarray(tokens, dtype=np.float64)[codes])
 
 
 def _tok(text: str) -> int:
@@ -261,15 +310,27 @@ def drop_partly_recorded_steps(spans: pd.DataFrame, events: pd.DataFrame) -> tup
     window: those steps, and the steps outside the window, would be measured without their GPU
     side. Returns the kept spans and the number dropped per rank.
     """
-    if spans.empty or "source" not in events.columns or events["source"].nunique() < 2:
+    inside = None if spans.empty else _recorded(spans["rank"].astype("int64").to_numpy(),
+                                                spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(), events)
+    if inside is None:
         return spans, {}
+    return spans.loc[inside], _dropped(spans["rank"].to_numpy(np.int64), inside)
+
+
+def _recorded(rank: np.ndarray, start: np.ndarray, end: np.ndarray, events: pd.DataFrame) -> np.ndarray | None:
+    """Which steps (``rank``, ``start``, ``end``) lie inside the window every source of their rank
+    recorded (``drop_partly_recorded_steps``); None where each rank has one source."""
+    if "source" not in events.columns or distinct.codes(events["source"])[1].size < 2:
+        return None
     window = recorded_window(events)
-    rank = spans["rank"].astype("int64")
-    inside = (spans["start_ns"].to_numpy() >= rank.map(window["first_ns"]).to_numpy()) & (
-        spans["end_ns"].to_numpy() <= rank.map(window["last_ns"]).to_numpy()
-    )
-    dropped = spans.loc[~inside].groupby("rank").size()
-    return spans.loc[inside], {int(r): int(n) for r, n in dropped.items()}
+    rank = pd.Series(rank)
+    return (start >= rank.map(window["first_ns"]).to_numpy()) & (end <= rank.map(window["last_ns"]).to_numpy())
+
+
+def _dropped(rank: np.ndarray, inside: np.ndarray) -> dict[int, int]:
+    """Steps left out per rank (those with any)."""
+    ranks, counts = np.unique(rank[~inside], return_counts=True)
+    return {int(r): int(n) for r, n in zip(ranks.tolist(), counts.tolist())}
 
 
 def step_table(events: pd.DataFrame, step_pattern: str | None = None,
@@ -279,34 +340,49 @@ def step_table(events: pd.DataFrame, step_pattern: str | None = None,
     Steps that some source of the rank recorded only in part are left out (see
     ``drop_partly_recorded_steps``); ``attrs["dropped_steps"]`` says how many per rank.
     """
-    spans = iteration_periods(find_step_spans(events, step_pattern, chosen))
-    spans, dropped = drop_partly_recorded_steps(spans, events)
-    if spans.empty:
+    spans = _step_spans(events, step_pattern, chosen)
+    if spans is not None:
+        marker_end = spans.end_ns
+        if spans.marker in ANNOTATION_MARKERS:
+            spans.end_ns, whole = _periods(spans.rank, spans.start_ns, spans.end_ns, np.ones(len(spans.rank), bool))
+        else:
+            whole = np.ones(len(spans.rank), bool)
+        inside = _recorded(spans.rank, spans.start_ns, spans.end_ns, events)
+        dropped = {} if inside is None else _dropped(spans.rank, inside)
+        if inside is not None:
+            spans, marker_end, whole = spans.take(inside), marker_end[inside], whole[inside]
+    if spans is None or not len(spans.rank):
         out = pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]}).reindex(columns=STEP_COLUMNS)
         out["marker_end_ns"] = out["marker_end_ns"].astype("int64")
         out["whole_period"] = out["whole_period"].astype(bool)
         return out
-    parts = []
+    busy_ns, kernel_ns = _gpu_time_in(events, spans)
+    step_ns = spans.end_ns - spans.start_ns
+    gap_ns = step_ns - busy_ns
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idle_share = np.where(step_ns > 0, gap_ns / step_ns, np.nan)
+    phase, batch, tokens = _batch_facts(spans.name)
+    steps = pd.DataFrame({
+        "rank": spans.rank, "step": spans.step, "start_ns": spans.start_ns, "end_ns": spans.end_ns, "step_ns": step_ns,
+        "gpu_busy_ns": busy_ns, "gpu_kernel_ns": kernel_ns, "gap_ns": gap_ns, "gpu_idle_share": idle_share,
+        "phase": pd.array(phase, dtype="string"), "batch_size": pd.array(batch, dtype="Int64"),
+        "num_tokens": pd.array(tokens, dtype="Int64"), "marker": pd.array(np.full(len(step_ns), spans.marker, dtype=object), dtype=str),
+        "name": pd.Series(spans.name, dtype=object), "marker_end_ns": marker_end, "whole_period": whole})
+    steps.attrs["dropped_steps"] = dropped
+    return steps
+
+
+def _gpu_time_in(events: pd.DataFrame, spans: _Spans) -> tuple[np.ndarray, np.ndarray]:
+    """Per step span: the time its rank's GPU was busy (any GPU activity) and ran kernels inside it."""
+    busy_ns = np.zeros(len(spans.rank), dtype=np.int64)
+    kernel_ns = np.zeros(len(spans.rank), dtype=np.int64)
     event_ranks = events["rank"].to_numpy(dtype=np.float64, na_value=np.nan)  # float: a null rank matches none
     is_gpu = gpu.kind_mask(events, schema.GPU_KINDS)
     is_kernel = gpu.kind_mask(events, (schema.KERNEL,))
-    for rank, rank_spans in spans.groupby("rank", sort=True):
-        mine = event_ranks == rank
-        busy = iv.union(gpu.times(events, "start_ns", mine & is_gpu), gpu.times(events, "end_ns", mine & is_gpu))
-        kernels = iv.union(gpu.times(events, "start_ns", mine & is_kernel),
-                           gpu.times(events, "end_ns", mine & is_kernel))
-        lo = rank_spans["start_ns"].to_numpy(np.int64)
-        hi = rank_spans["end_ns"].to_numpy(np.int64)
-        part = rank_spans.copy()
-        part["gpu_busy_ns"] = iv.covered_between(busy, lo, hi)
-        part["gpu_kernel_ns"] = iv.covered_between(kernels, lo, hi)
-        parts.append(part)
-    steps = pd.concat(parts, ignore_index=True)
-    steps["step_ns"] = steps["end_ns"] - steps["start_ns"]
-    steps["gap_ns"] = steps["step_ns"] - steps["gpu_busy_ns"]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        steps["gpu_idle_share"] = np.where(steps["step_ns"] > 0, steps["gap_ns"] / steps["step_ns"], np.nan)
-    steps = pd.concat([steps, step_batch_facts(steps["name"])], axis=1)
-    steps = steps[STEP_COLUMNS].sort_values(["rank", "start_ns"]).reset_index(drop=True)
-    steps.attrs["dropped_steps"] = dropped
-    return steps
+    bounds = np.r_[np.flatnonzero(np.r_[True, spans.rank[1:] != spans.rank[:-1]]), len(spans.rank)]
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # the spans are in rank order
+        mine = event_ranks == spans.rank[lo]
+        start, end = spans.start_ns[lo:hi], spans.end_ns[lo:hi]
+        busy_ns[lo:hi] = iv.covered_between(gpu._intervals(events, mine & is_gpu), start, end)
+        kernel_ns[lo:hi] = iv.covered_between(gpu._intervals(events, mine & is_kernel), start, end)
+    return busy_ns, kernel_ns
