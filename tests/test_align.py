@@ -316,6 +316,25 @@ def test_apply_keeps_dtypes_nulls_and_order(real):
     assert isinstance(base, Alignment) and set(base.summary()[1]) >= {"offset_ns", "drift_ppm", "residual_ns", "method"}
 
 
+def test_one_rank_frames_move_as_in_the_whole_frame(real):
+    """A rank's rows alone (the scalar offset and drift of ``_rank_clocks``) move exactly as they
+    do inside every rank's frame (per-row arrays); a rank the table lacks, or whose drift is
+    missing, stays put; a table with a rank twice is refused."""
+    ev, base, aligned = real["torch_clean"]
+    table = base.ranks.assign(drift_ppm=[3.25, -1.5][: len(base.ranks)])
+    whole = apply_alignment(ev, table)
+    for r in sorted(ev["rank"].unique()):
+        mine = (ev["rank"] == r).to_numpy()
+        alone = apply_alignment(ev[mine].reset_index(drop=True), table)
+        pd.testing.assert_frame_equal(alone, whole[mine].reset_index(drop=True), check_exact=True)
+    stranger = ev[ev["rank"] == 0].assign(rank=pd.array(np.full(int((ev["rank"] == 0).sum()), 9), dtype=ev["rank"].dtype))
+    assert apply_alignment(stranger, table)["end_ns"].equals(stranger["end_ns"])
+    unknown_drift = table.assign(drift_ppm=np.nan, offset_ns=0)
+    assert apply_alignment(ev, unknown_drift)["start_ns"].equals(ev["start_ns"])
+    with pytest.raises(ValueError, match="several rows for a rank"):
+        apply_alignment(ev, pd.concat([table, table], ignore_index=True))
+
+
 def test_clock_model_round_trip():
     t0 = 1_750_000_000_000_000_000
     true = t0 + np.arange(0, 3_600_000_000_000, 7_777_777_777, dtype=np.int64)

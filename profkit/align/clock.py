@@ -45,22 +45,35 @@ def shift_columns(
 ) -> pd.DataFrame:
     """New frame with each time column present moved to the reference clock, row by row.
 
-    ``offset_ns`` / ``drift_ppm`` are per-row arrays. Nulls stay null; dtypes are kept.
-    """
-    out = df.copy()
+    ``offset_ns`` / ``drift_ppm``: per-row arrays, or scalars where every row has the same (one
+    rank's table). Nulls stay null; dtypes are kept. The other columns are the frame's own (not
+    copied: pandas copies on write)."""
+    out = df.copy(deep=False)
     for col in columns:
         if col not in df.columns:
             continue
         s = df[col]
-        valid = s.notna().to_numpy(dtype=bool)
+        valid = _valid(s)
         moved = to_reference(s.to_numpy(dtype=np.int64, na_value=0), offset_ns, drift_ppm, t0_ns)
-        out[col] = pd.Series(_same_dtype(moved, valid, s.dtype), index=df.index, name=col)
+        out[col] = _same_dtype(moved, valid, s.dtype)
     return out
 
 
-def _same_dtype(values: np.ndarray, valid: np.ndarray, dtype):
+def _valid(s: pd.Series) -> np.ndarray | None:
+    """Where the column has a value; None where it has one everywhere (read off Arrow's null
+    count, or a plain numpy dtype, without a mask per row)."""
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind in "iub":
+        return None
+    if isinstance(s.dtype, pd.ArrowDtype) and s.array.__arrow_array__().null_count == 0:
+        return None
+    valid = s.notna().to_numpy(dtype=bool)
+    return None if valid.all() else valid
+
+
+def _same_dtype(values: np.ndarray, valid: np.ndarray | None, dtype):
     if isinstance(dtype, pd.ArrowDtype):
-        return pd.arrays.ArrowExtensionArray(pa.array(values, type=dtype.pyarrow_dtype, mask=~valid))
-    if isinstance(dtype, np.dtype) and valid.all():
+        return pd.arrays.ArrowExtensionArray(pa.array(values, type=dtype.pyarrow_dtype,
+                                                      mask=None if valid is None else ~valid))
+    if isinstance(dtype, np.dtype) and valid is None:
         return values.astype(dtype, copy=False)
-    return pd.arrays.IntegerArray(values, ~valid)
+    return pd.arrays.IntegerArray(values, np.zeros(values.size, bool) if valid is None else ~valid)
