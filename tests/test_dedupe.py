@@ -192,3 +192,18 @@ def test_empty_and_index_kept():
     events.index = [7, 8, 9]
     out, _ = drop_duplicate_spans(events)
     assert list(out.index) == [7, 9]
+
+
+def test_streams_of_one_source_are_told_apart_by_category():
+    """``_one_stream``, the early exit of a rank with one source: two categories of one source are
+    two streams (deduplicated), a missing category is the "" one."""
+    from profkit.align.dedupe import _one_stream
+
+    two = frame([ev("a.step", 0, 100 * US, source="nsys", category="profkit"),
+                 ev("a.step", 0, 100 * US, source="nsys", category="cuda")])
+    assert not _one_stream(two, np.arange(2))
+    assert kept(drop_duplicate_spans(two)[0]) == [("nsys", "profkit", "a.step")]
+    blank = frame([ev("a.step", 0, 100 * US, source="nsys", category=None),
+                   ev("b.step", 200 * US, 300 * US, source="nsys", category="")])
+    assert _one_stream(blank, np.arange(2))
+    assert not _one_stream(frame([ev("a", 0, 1, source="nsys"), ev("a", 0, 1, source="kineto")]), np.arange(2))

@@ -93,10 +93,13 @@ def drop_duplicate_spans(
     """
     if events.empty:
         return events, {}
-    host = (distinct.isin(events["kind"], DEDUPE_KINDS) & events["name"].notna() & events["rank"].notna()
-            & events["source"].notna() & events["start_ns"].notna() & events["end_ns"].notna()).to_numpy(dtype=bool)
+    host = distinct.isin(events["kind"], DEDUPE_KINDS)
+    for col in ("name", "rank", "source", "start_ns", "end_ns"):
+        present = _present(events[col])
+        if present is not None:
+            host &= present
     pos = np.flatnonzero(host)
-    if len(pos) < 2:
+    if len(pos) < 2 or _one_stream(events, pos):
         return events, {}
     sub = events[["rank", "source", "name", "category", "start_ns", "end_ns"]].iloc[pos]
     rank = sub["rank"].to_numpy(dtype=np.int64)
@@ -153,6 +156,27 @@ def drop_duplicate_spans(
     keep = np.ones(len(events), dtype=bool)
     keep[pos[drop]] = False
     return events.iloc[keep], dropped
+
+
+def _present(values: pd.Series) -> np.ndarray | None:
+    """Where the column has a value; None where it has one everywhere (Arrow counts its nulls)."""
+    if isinstance(values.dtype, pd.ArrowDtype) and values.array.__arrow_array__().null_count == 0:
+        return None
+    return values.notna().to_numpy(dtype=bool)
+
+
+def _one_stream(events: pd.DataFrame, pos: np.ndarray) -> bool:
+    """Whether the host spans at ``pos`` all come from one (source, category) stream (a missing
+    category is ""): nothing to compare, the common case of one profiler trace per rank. Read
+    off the columns' codes, without taking the rows."""
+    src, _ = distinct.codes(events["source"])
+    cat, names = distinct.codes(events["category"])
+    src, cat = src[pos], cat[pos]
+    if src.min() != src.max():
+        return False
+    empty = np.flatnonzero(names == "")
+    cat = np.where(cat < 0, empty[0] if empty.size else -1, cat)
+    return bool(cat.min() == cat.max())
 
 
 def _near_pairs(group: np.ndarray, edge: np.ndarray, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
