@@ -273,3 +273,22 @@ def test_coded_text_columns_come_back_as_the_text_columns_with_their_codes_known
     only = store.get("t", ["phase"])  # a selection keeps the codes too
     pd.testing.assert_series_equal(only["phase"], want["phase"])
     store.close()
+
+
+def test_small_tables_are_stored_as_they_are_and_large_ones_compressed(tmp_path):
+    """``store.COMPRESS_MIN_BYTES``: under it a table is written without lz4 (its fixed cost per
+    column is more than it saves there), from it on with lz4; both read back the same."""
+    import numpy as np
+    import pandas as pd
+
+    from profkit.analyze import store as store_mod
+
+    disk = DiskStore(tmp_path)
+    rows = store_mod.COMPRESS_MIN_BYTES // 8
+    for key, n in (("small", rows // 4), ("large", rows * 2)):
+        frame = pd.DataFrame({"ns": np.zeros(n, np.int64)})
+        disk.put(key, frame)
+        pd.testing.assert_frame_equal(disk.get(key), frame)
+    small, large = (disk._path(k).stat().st_size for k in ("small", "large"))
+    assert small >= rows // 4 * 8  # the bytes as they are
+    assert large < rows * 2 * 8 // 20  # zeros: lz4 makes them a small fraction

@@ -2,9 +2,9 @@
 
 Workers of a process pool or a Dask cluster share nothing but the scratch folder, so each stage
 reads its rank's tables from the store and writes what the next stage needs back. Tables are
-Arrow IPC files (lz4): our own intermediate tables, never pickles. On a multi-machine cluster
-the folder must be one every worker can reach (a shared file system), as with Nsight's
-multi-report recipes.
+Arrow IPC files (lz4 from ``COMPRESS_MIN_BYTES`` up): our own intermediate tables, never pickles.
+On a multi-machine cluster the folder must be one every worker can reach (a shared file system),
+as with Nsight's multi-report recipes.
 """
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ import pyarrow.feather as feather
 from profkit import distinct, schema
 
 _KINDS_KEY = schema.FRAME_KINDS_KEY
+# tables under this size are written as they are: lz4 costs a fixed ~20-50 us per column both ways,
+# more than the bytes it saves (a DEP32 x 100 rank's 0.2-1 MB intermediate tables: 0.4-1 ms to write
+# and 0.2-0.4 ms to read each, against half that uncompressed); larger ones (a rank's events, any
+# table of a long capture) keep lz4, so the scratch folder stays ~3x smaller where it is large
+COMPRESS_MIN_BYTES = 2 << 20
 _STRINGS = "strings"  # a text column stored as codes and names (``frame_to_table``'s ``as_strings``)
 
 
@@ -211,7 +216,8 @@ class DiskStore:
         # one record batch: read back, every column is one chunk, which the tasks' many row takes
         # of string columns want (``stages._one_chunk`` would combine the chunks after each read)
         table = table.combine_chunks()
-        feather.write_feather(table, tmp, compression="lz4", chunksize=max(table.num_rows, 1))
+        compression = "lz4" if table.nbytes >= COMPRESS_MIN_BYTES else "uncompressed"
+        feather.write_feather(table, tmp, compression=compression, chunksize=max(table.num_rows, 1))
         tmp.replace(path)  # a reader never sees half a file, a retried task overwrites cleanly
 
     def put_file(self, key: str, path: str | Path) -> bool:
