@@ -227,13 +227,29 @@ def strings_from_codes(uniques: np.ndarray, codes: np.ndarray):
     data = _arrow_data(pd.Series(column, copy=False))
     if data is None or not _distinct_strings(np.asarray(uniques, dtype=object)):
         return column  # not distinct: two codes of one string are one code of the column (left to ``codes``)
-    valid = codes >= 0
-    first_codes = np.full(codes.size, -1, np.int64)
-    taken, order = pd.factorize(codes[valid] if not valid.all() else codes)
-    first_codes[valid] = taken
-    names = np.array([str(x) for x in np.asarray(uniques, dtype=object)], dtype=object)[np.asarray(order, np.int64)]
+    first_codes, order = first_appearance(codes, len(uniques))
+    names = np.array([str(x) for x in np.asarray(uniques, dtype=object)], dtype=object)[order]
     _remember(data, first_codes, names)
     return column
+
+
+def first_appearance(codes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(codes)`` of codes below ``n`` (-1: missing, kept -1): the codes renumbered in
+    order of first appearance, and the old code of each new one (int64). Each code's first row is
+    found in a table of ``n``, not by hashing every row (a 173k-row column of ~100 names: 0.36 ms
+    against 0.76)."""
+    codes = np.asarray(codes, np.int64)
+    if not codes.size:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    valid = codes >= 0
+    rows = np.arange(codes.size, dtype=np.int64)
+    first = np.full(max(n, 1), codes.size, np.int64)
+    np.minimum.at(first, codes[valid] if not valid.all() else codes, rows[valid] if not valid.all() else rows)
+    present = np.flatnonzero(first < codes.size)
+    order = present[np.argsort(first[present], kind="stable")]
+    renumber = np.full(max(n, 1) + 1, -1, np.int64)  # the last: a missing code stays -1
+    renumber[order] = np.arange(order.size, dtype=np.int64)
+    return renumber[codes], order
 
 
 def _remember(data, c: np.ndarray, u: np.ndarray) -> None:

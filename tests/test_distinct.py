@@ -126,3 +126,18 @@ def test_strings_from_codes_of_names_that_repeat_leaves_the_codes_to_pandas():
     got_c, got_u = distinct.factorize(made)
     want_c, want_u = pd.factorize(pd.Series(["a", "b", "a", "a"], dtype=made.dtype), use_na_sentinel=True)
     assert np.array_equal(got_c, want_c) and list(got_u) == list(want_u) == ["a", "b"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-1, 6), max_size=60), st.integers(0, 3))
+def test_first_appearance_is_pandas_factorize_of_the_codes(codes, extra):
+    """``first_appearance``: the codes renumbered as ``pd.factorize`` numbers them (missing, -1,
+    left out and kept -1), and each new code's old one."""
+    codes = np.asarray(codes, np.int64)
+    got, order = distinct.first_appearance(codes, 7 + extra)
+    valid = codes >= 0
+    want = np.full(codes.size, -1, np.int64)
+    taken, uniques = pd.factorize(codes[valid])
+    want[valid] = taken
+    assert got.tolist() == want.tolist()
+    assert order.tolist() == np.asarray(uniques, np.int64).tolist()
