@@ -537,15 +537,15 @@ class _Builder:
         q_old = order[q_pt]
         n_e = q_pt.size
         src_old = e_src[q_old, q_slot]
-        edges = pd.DataFrame({"rank": np.full(n_e, self.rank, np.int64), "edge": np.arange(n_e, dtype=np.int64),
-                              "dst": q_pt.astype(np.int64),
-                              "src": np.where(src_old != NO_SRC, new_id[np.maximum(src_old, 0)], NO_SRC),
-                              "kind": e_kind[q_old, q_slot], "slack_ns": e_slack[q_old, q_slot] - m[q_old]})
-        nodes = pd.DataFrame({"rank": np.full(len(order), self.rank, np.int64),
-                              "node": np.arange(len(order), dtype=np.int64),
-                              "time_ns": time[order], "lane": lane[order], "kind": kind[order],
-                              "instance": self._column("instance")[order],
-                              "step": self._column("step")[order]})
+        edges = _typed({"rank": np.full(n_e, self.rank, np.int64), "edge": np.arange(n_e, dtype=np.int64),
+                        "dst": q_pt.astype(np.int64),
+                        "src": np.where(src_old != NO_SRC, new_id[np.maximum(src_old, 0)], NO_SRC),
+                        "kind": e_kind[q_old, q_slot], "slack_ns": e_slack[q_old, q_slot] - m[q_old]}, EDGE_DTYPES)
+        nodes = _typed({"rank": np.full(len(order), self.rank, np.int64),
+                        "node": np.arange(len(order), dtype=np.int64),
+                        "time_ns": time[order], "lane": lane[order], "kind": kind[order],
+                        "instance": self._column("instance")[order],
+                        "step": self._column("step")[order]}, NODE_DTYPES)
         anchor_ops = (e_from[q_old, q_slot], e_which[q_old, q_slot])
         work = self._work(nodes, edges, e_lane[q_old, q_slot], anchor_ops, h_s, h_e, h_ph, h_cat, gp, st)
         if self.sync_phase:  # the waits of named syncs: gone when the sync is removed
@@ -563,8 +563,7 @@ class _Builder:
                                       "phase": pd.Series(names.astype(object), dtype=object),
                                       "ns": ns.astype(np.int64)})
                 work = pd.concat([work, extra], ignore_index=True) if len(work) else extra
-        return RankProgram(self.rank, _compact(nodes, NODE_DTYPES), _compact(edges, EDGE_DTYPES),
-                           _compact(work, WORK_DTYPES), int(residual), tuple(self.notes),
+        return RankProgram(self.rank, nodes, edges, _compact(work, WORK_DTYPES), int(residual), tuple(self.notes),
                            gpu_work_at=self.gpu_at, gpu_windows=self.gpu_windows)
 
     def _order(self, n, time, e_src, e_kind, alive, host_idx, gpu_idx) -> np.ndarray:
@@ -798,7 +797,7 @@ def _window_sums(ps, pe, ph, ws, we, wid, coded: tuple[np.ndarray, np.ndarray] |
     if coded is None:
         codes, names = pd.factorize(pd.Series(ph, dtype=object))
     else:  # the same codes (first appearance in ``ph``) and names, factorizing the column's codes
-        codes, first = pd.factorize(coded[0])
+        codes, first = distinct.first_appearance(coded[0], len(coded[1]))
         names = np.asarray(coded[1], dtype=object)[first]
     key = w[inside] * np.int64(max(len(names), 1)) + codes[owner[inside]]
     uniq, inv = np.unique(key, return_inverse=True)
@@ -894,6 +893,12 @@ NODE_DTYPES = {"rank": "int32", "node": "int32", "time_ns": "int64", "lane": "in
                "instance": "int64", "step": "int64"}
 EDGE_DTYPES = {"rank": "int32", "edge": "int32", "dst": "int32", "src": "int32", "kind": "int8", "slack_ns": "int64"}
 WORK_DTYPES = {"rank": "int32", "edge": "int32", "step": "int64", "lane": "int8", "ns": "int64"}
+
+
+def _typed(columns: dict[str, np.ndarray], dtypes: dict[str, str]) -> pd.DataFrame:
+    """A program table made in its small integer types at once (``_compact``'s of int64 arrays:
+    the frame is not made twice)."""
+    return pd.DataFrame({c: v.astype(dtypes[c]) if c in dtypes else v for c, v in columns.items()})
 
 
 def _compact(df: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
