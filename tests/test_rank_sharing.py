@@ -143,3 +143,16 @@ def test_coded_pieces_and_charged_rows_are_the_text_ones(rank_events):
             charged = ov.attribute_gaps(ev, windows, waits, coded=True)
             assert isinstance(charged["cause"].dtype, pd.CategoricalDtype)
             pd.testing.assert_frame_equal(as_text(charged), ov.attribute_gaps(ev, windows, waits))
+
+
+def test_wait_labels_name_each_distinct_collective_once_and_missing_ones_row_by_row():
+    """``sync_table._wait_labels`` (the labels of ``wait_intervals``) are ``wait:`` + ``cause_name``
+    of every row's name, a missing name spelled as ``cause_name`` spells it (None and NaN apart)."""
+    from profkit.analyze.overhead_names import cause_name
+    from profkit.analyze.sync_table import _wait_labels
+
+    names = pd.Series(["nccl:all_reduce", None, "gloo  ", "nccl:all_reduce", np.nan, "gloo  "], dtype=object)
+    want = ["wait:" + cause_name(n) for n in names]
+    assert _wait_labels(names).tolist() == want and "wait:None" in want and "wait:nan" in want
+    assert _wait_labels(names.astype("string[pyarrow]").iloc[[0, 2]]).tolist() == [want[0], want[2]]
+    assert _wait_labels(names.iloc[:0]).tolist() == []

@@ -29,16 +29,28 @@ def wait_intervals(candidates: pd.DataFrame | None) -> pd.DataFrame:
     if candidates is None or not len(candidates) or "exit_ns" not in candidates:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"),
                              "end_ns": pd.Series(dtype="int64"), "cause": pd.Series(dtype=object)})
-    c = candidates[(candidates["source_kind"] == "cpu_span").to_numpy(bool)]
+    rows = np.flatnonzero((candidates["source_kind"] == "cpu_span").to_numpy(bool))  # only the columns read are taken
+    return pd.DataFrame({
+        "rank": candidates["rank"].iloc[rows].to_numpy(np.int64),
+        "start_ns": candidates["arrive_ns"].iloc[rows].to_numpy(np.int64),
+        "end_ns": candidates["exit_ns"].iloc[rows].to_numpy(np.int64),
+        "cause": _wait_labels(candidates["wait_name"].iloc[rows]),
+    })
+
+
+def _wait_labels(names: pd.Series) -> np.ndarray:
+    """``wait:<cause_name(name)>`` of each name (object array): each distinct name named once (a
+    rank waits in the same few collectives thousands of times), a missing one row by row."""
     from profkit.analyze.overhead_names import cause_name
     from profkit.analyze.vocabulary import WAIT_PREFIX
 
-    return pd.DataFrame({
-        "rank": c["rank"].to_numpy(np.int64),
-        "start_ns": c["arrive_ns"].to_numpy(np.int64),
-        "end_ns": c["exit_ns"].to_numpy(np.int64),
-        "cause": np.array([WAIT_PREFIX + cause_name(w) for w in c["wait_name"]], dtype=object),
-    })
+    codes, uniques = pd.factorize(names, use_na_sentinel=True)
+    labels = np.array([WAIT_PREFIX + cause_name(u) for u in uniques] + [None], dtype=object)
+    out = labels[np.asarray(codes, np.int64)] if len(names) else np.empty(0, dtype=object)
+    missing = np.flatnonzero(np.asarray(codes) < 0)
+    if missing.size:
+        out[missing] = [WAIT_PREFIX + cause_name(w) for w in names.iloc[missing]]
+    return out
 
 
 # ---- the table ---------------------------------------------------------------------------------
