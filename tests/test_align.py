@@ -433,3 +433,22 @@ def test_ranks_fitted_on_threads_give_the_clocks_fitted_one_by_one(monkeypatch):
     pd.testing.assert_frame_equal(together, alone, check_exact=True)
     assert warn_a == warn_b
     assert (together["offset_ns"] != 0).sum() == n_ranks - 1
+
+
+def test_one_source_rank_skips_the_counting_with_the_same_table(real, monkeypatch):
+    """``sources._one_rank_one_source``: a rank of one source gets the table the counting makes
+    (its one source primary, offset 0); several ranks, or a second source, are counted."""
+    from profkit.align import sources
+
+    ev = real["torch_clean"][0]
+    rank0 = ev[ev["rank"] == 0].reset_index(drop=True)
+    assert sources._one_rank_one_source(rank0) == (0, str(rank0["source"].iloc[0]))
+    assert sources._one_rank_one_source(ev) is None
+    fast, warned = sources.source_offsets(rank0)
+    monkeypatch.setattr(sources, "_one_rank_one_source", lambda events: None)
+    counted, warned_counted = sources.source_offsets(rank0)
+    pd.testing.assert_frame_equal(fast, counted, check_exact=True)
+    assert warned == warned_counted == []
+    two = rank0.assign(source=pd.array(["kineto"] * (len(rank0) - 1) + ["profkit"], dtype=rank0["source"].dtype))
+    monkeypatch.undo()
+    assert sources._one_rank_one_source(two) is None

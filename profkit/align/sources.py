@@ -34,6 +34,11 @@ def source_offsets(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     warnings: list[str] = []
     if events.empty:
         return pd.DataFrame(columns=SOURCE_COLUMNS), warnings
+    one = _one_rank_one_source(events)
+    if one is not None:  # the common case (a rank's events from one profiler trace): nothing to count or pair
+        rows.append({"rank": one[0], "source": one[1], "primary": True, "offset_ns": 0, "n_pairs": 0,
+                     "residual_ns": None, "method": "primary"})
+        return _source_table(rows), warnings
     counts = _source_counts(events)
     for rank, per in counts.groupby(level="rank", sort=True):
         per = per.droplevel("rank").sort_index()
@@ -58,10 +63,26 @@ def source_offsets(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             else:
                 rows.append({"rank": int(rank), "source": source, "primary": False, "offset_ns": offset,
                              "n_pairs": n_pairs, "residual_ns": resid, "method": "common_spans"})
+    return _source_table(rows), warnings
+
+
+def _source_table(rows: list[dict]) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=SOURCE_COLUMNS)
     out["offset_ns"] = out["offset_ns"].astype("int64")
     out["residual_ns"] = out["residual_ns"].astype("Int64")
-    return out, warnings
+    return out
+
+
+def _one_rank_one_source(events: pd.DataFrame) -> tuple[int, str] | None:
+    """(rank, source) where every event has that one rank and that one source (none missing),
+    read off the columns' codes; None otherwise."""
+    codes, uniques = distinct.codes(events["source"])
+    if uniques.size != 1 or codes.min() < 0:
+        return None
+    rank = events["rank"].to_numpy(dtype=np.int64)
+    if rank.min() != rank.max():
+        return None
+    return int(rank[0]), str(uniques[0])
 
 
 def _source_counts(events: pd.DataFrame) -> pd.DataFrame:
