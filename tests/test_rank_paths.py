@@ -119,3 +119,18 @@ def test_one_rank_window_phases_equal_the_all_ranks_path(loaded, name):
         joined = pd.concat(per_rank, ignore_index=True)
         assert len(joined)
         assert_frame_equal(joined, general, check_exact=True)
+        # the finish task's coded tables: the text tables' factorized, made without the strings
+        from profkit.analyze.stragglers import _coded_table
+
+        late = windows[windows["window"] >= 300]  # from mid-extent on: names first seen in another order
+        for w in (windows, late):
+            for r in ranks:
+                got, text = ph.window_phases_coded(pieces, w[w["rank"] == r]), ph.window_phases(pieces, w[w["rank"] == r])
+                if got is None:  # nothing inside: the caller codes the (empty) text table
+                    assert not len(text)
+                    continue
+                table, (phases, categories) = got
+                want, (want_phases, want_categories) = _coded_table(text)
+                assert_frame_equal(table, want, check_exact=True)
+                assert phases.tolist() == want_phases.tolist() and categories.tolist() == want_categories.tolist()
+        assert ph.window_phases_coded(pieces, windows) is None or len(ranks) == 1  # several ranks: the text path

@@ -531,15 +531,29 @@ def _has_missing(col: pd.Series) -> bool:
 _is_text = distinct.is_text
 
 
-def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: int) -> pd.DataFrame | None:
+def window_phases_coded(pieces: pd.DataFrame, windows: pd.DataFrame) -> "tuple[pd.DataFrame, tuple] | None":
+    """``window_phases`` of one rank's windows with ``phase`` and ``category`` as int64 codes in
+    order of first appearance, and their names (what ``pd.factorize`` of the text table's columns
+    gives): the finish task's tables, made without a string per row. None where the text table
+    decides (nulls, several ranks' windows, names that are not strings, nothing inside)."""
+    if not len(pieces) or not len(windows) or _has_missing(pieces["phase"]) or _has_missing(pieces["category"]):
+        return None
+    w_rank = windows["rank"].to_numpy(np.int64)
+    if not (w_rank == w_rank[0]).all():
+        return None
+    return _window_phases_one_rank(pieces, windows, int(w_rank[0]), coded=True)
+
+
+def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: int, coded: bool = False):
     """``window_phases`` of windows all of ``rank``: its pieces taken only when other ranks' are
     there too, the phase and category strings made per distinct name (not inferred row by row).
-    None where the names are not all strings (the general path then decides)."""
+    None where the names are not all strings (the general path then decides). ``coded``: the
+    table of ``window_phases_coded`` and its names instead (None where nothing is inside)."""
     pr = pieces["rank"].to_numpy(np.int64)
     mine = pr == rank
     p = pieces if mine.all() else pieces[mine]
     if not len(p):
-        return _empty(PHASE_COLUMNS)
+        return None if coded else _empty(PHASE_COLUMNS)
     # no nulls here (checked by the caller); a rank's host pieces serve its host and its
     # accounting windows: Arrow strings are factorized once for both (``distinct.codes``)
     if _is_text(p["phase"]) and _is_text(p["category"]):
@@ -552,7 +566,7 @@ def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: i
             return None
     hit = _window_hits(p, windows)
     if hit is None:
-        return _empty(PHASE_COLUMNS)
+        return None if coded else _empty(PHASE_COLUMNS)
     win, idx, dur = hit
     # window ids coded in order of first appearance: ``win`` never decreases, so that is the
     # order of the windows' rows (factorized per window, not per hit)
@@ -568,11 +582,23 @@ def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: i
     by_first = np.argsort(order[starts], kind="stable")
     first = order[starts][by_first]
     ns = np.add.reduceat(dur[order], starts)[by_first]
+    if coded:
+        phase, p_order = distinct.first_appearance(pcode[idx[first]], len(pnames))
+        category, c_order = distinct.first_appearance(ccode[idx[first]], len(cnames))
+        table = pd.DataFrame({"window": np.asarray(wids, np.int64)[wcode[first]],
+                              "rank": np.full(first.size, rank, np.int64), "phase": phase, "category": category,
+                              "ns": ns.astype(np.int64)}, copy=False)
+        return table, (_texts(pnames)[p_order], _texts(cnames)[c_order])
     return pd.DataFrame({"window": np.asarray(wids, np.int64)[wcode[first]],
                          "rank": np.full(first.size, rank, np.int64),
                          "phase": distinct.strings_from_codes(pnames, pcode[idx[first]]),  # coded next
                          "category": distinct.strings_from_codes(cnames, ccode[idx[first]]),
                          "ns": ns})[PHASE_COLUMNS]
+
+
+def _texts(names) -> np.ndarray:
+    """The names as an object array of Python strings (as ``pd.factorize`` of a text column gives them)."""
+    return np.array([str(x) for x in np.asarray(names, dtype=object)], dtype=object)
 
 
 def _window_hits(p: pd.DataFrame, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

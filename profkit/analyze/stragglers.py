@@ -184,16 +184,8 @@ class WindowPhases:
 
     def coded(self) -> "WindowPhases":
         """The tables with their names factorized, each against its own names."""
-        tables, vocab = {}, {}
-        for kind in _KINDS:
-            t = getattr(self, kind)
-            p, pu = distinct.factorize(t["phase"])  # known where ``window_phases`` made them
-            c, cu = distinct.factorize(t["category"])
-            tables[kind] = pd.DataFrame({"window": t["window"].to_numpy(np.int64), "rank": t["rank"].to_numpy(np.int64),
-                                         "phase": np.asarray(p, np.int64), "category": np.asarray(c, np.int64),
-                                         "ns": t["ns"].to_numpy(np.int64)}, copy=False)
-            vocab[kind] = (np.asarray(pu, dtype=object), np.asarray(cu, dtype=object))
-        return WindowPhases(tables["host"], tables["gpu"], tables["acc"], vocab)
+        got = {kind: _coded_table(getattr(self, kind)) for kind in _KINDS}
+        return WindowPhases(got["host"][0], got["gpu"][0], got["acc"][0], {k: v[1] for k, v in got.items()})
 
     def codes(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
         """``straggler_phases.phase_codes`` of the three tables (read off when joined)."""
@@ -224,6 +216,16 @@ class WindowPhases:
         if parts and all(p.vocab is not None for p in parts):
             return JoinedPhases.of(parts)
         return WindowPhases.concat(parts)
+
+
+def _coded_table(t: pd.DataFrame) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
+    """A ``window_phases`` table with ``phase`` and ``category`` factorized, and their names."""
+    p, pu = distinct.factorize(t["phase"])  # known where ``window_phases`` made them
+    c, cu = distinct.factorize(t["category"])
+    table = pd.DataFrame({"window": t["window"].to_numpy(np.int64), "rank": t["rank"].to_numpy(np.int64),
+                          "phase": np.asarray(p, np.int64), "category": np.asarray(c, np.int64),
+                          "ns": t["ns"].to_numpy(np.int64)}, copy=False)
+    return table, (np.asarray(pu, dtype=object), np.asarray(cu, dtype=object))
 
 
 @dataclass
@@ -310,9 +312,11 @@ def rank_window_phases(windows: dict[str, pd.DataFrame], host_pieces: pd.DataFra
                        gpu_pieces: pd.DataFrame) -> WindowPhases:
     """Phase sums in the plan's windows (``StragglerPlan.windows``); given one rank's pieces and
     windows, that rank's sums (concatenated over ranks in rank order: the same table)."""
-    return WindowPhases(host=ph_mod.window_phases(host_pieces, windows["host"]),
-                        gpu=ph_mod.window_phases(gpu_pieces, windows["gpu"]),
-                        acc=ph_mod.window_phases(host_pieces, windows["acc"])).coded()
+    got = {}
+    for kind, pieces in (("host", host_pieces), ("gpu", gpu_pieces), ("acc", host_pieces)):
+        coded = ph_mod.window_phases_coded(pieces, windows[kind])  # one rank's: codes without strings
+        got[kind] = coded if coded is not None else _coded_table(ph_mod.window_phases(pieces, windows[kind]))
+    return WindowPhases(got["host"][0], got["gpu"][0], got["acc"][0], {k: v[1] for k, v in got.items()})
 
 
 def finish_stragglers(plan: StragglerPlan, phases: "WindowPhases | JoinedPhases | None",
