@@ -133,14 +133,14 @@ def gpu_ops(events: pd.DataFrame, gpu: pd.DataFrame | None = None) -> pd.DataFra
     g = gpu if gpu is not None else ph_mod.gpu_rows(events)
     if not len(g):
         return _empty_ops()
-    rt = events.loc[distinct.isin(kinds, (schema.RUNTIME,)) & events["correlation"].notna().to_numpy(dtype=bool),
-                    ["pid", "correlation", "start_ns"]]
+    rt = np.flatnonzero(distinct.isin(kinds, (schema.RUNTIME,)) & events["correlation"].notna().to_numpy(dtype=bool))
     launch = np.full(len(g), NO_LAUNCH, np.int64)
     corr = g["correlation"]
     has = corr.notna().to_numpy(dtype=bool)
-    if len(rt) and has.any():
-        launch = launch_times(rt["pid"].fillna(-1).to_numpy(np.int64), rt["correlation"].to_numpy(np.int64),
-                              rt["start_ns"].to_numpy(np.int64), g["pid"].fillna(-1).to_numpy(np.int64),
+    if rt.size and has.any():  # the three columns read, each taken at the runtime rows (not a frame of them)
+        launch = launch_times(events["pid"].iloc[rt].fillna(-1).to_numpy(np.int64),
+                              events["correlation"].iloc[rt].to_numpy(np.int64),
+                              events["start_ns"].iloc[rt].to_numpy(np.int64), g["pid"].fillna(-1).to_numpy(np.int64),
                               corr.fillna(-1).to_numpy(np.int64), has)
     comm = np.zeros(len(g), bool)
     is_k = (g["kind"] == schema.KERNEL).to_numpy(dtype=bool)
@@ -148,9 +148,9 @@ def gpu_ops(events: pd.DataFrame, gpu: pd.DataFrame | None = None) -> pd.DataFra
         codes, uniques = pd.factorize(g["name"], use_na_sentinel=True)
         comm_u = np.r_[is_comm_kernel(pd.Series(uniques)), False]
         comm[is_k] = comm_u[np.asarray(codes, np.int64)[is_k]] | g["coll_name"].notna().to_numpy(dtype=bool)[is_k]
-    out = pd.DataFrame({"start_ns": g["start_ns"].to_numpy(np.int64), "end_ns": g["end_ns"].to_numpy(np.int64),
-                        "launch_ns": launch, "comm": comm})
-    return out.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    start, end = g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
+    order = np.lexsort((end, start))  # by start, then end; ties in row order (a stable sort of both)
+    return pd.DataFrame({"start_ns": start[order], "end_ns": end[order], "launch_ns": launch[order], "comm": comm[order]})
 
 
 def launch_times(rt_pid: np.ndarray, rt_corr: np.ndarray, rt_start: np.ndarray, pid: np.ndarray, corr: np.ndarray,
