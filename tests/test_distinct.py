@@ -141,3 +141,20 @@ def test_first_appearance_is_pandas_factorize_of_the_codes(codes, extra):
     want[valid] = taken
     assert got.tolist() == want.tolist()
     assert order.tolist() == np.asarray(uniques, np.int64).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["cpu_op", "cpu_span", "kernel", "", "NCCL"]), min_size=1, max_size=6, unique=True),
+       st.lists(st.integers(-1, 5), max_size=40), st.sampled_from([None, "", "NCCL"]),
+       st.sets(st.sampled_from(["cpu_op", "kernel", "", "NCCL", "other"]), max_size=3))
+def test_code_in_is_the_isin_test_of_code_flags(uniques, codes, missing, wanted):
+    """``syncpoints.code_in`` (a set look-up per distinct value) answers as ``code_flags`` of the
+    pandas ``isin`` test it replaced, a missing value tested as ``missing``."""
+    from profkit.collectives.syncpoints import code_flags, code_in
+
+    u = np.array(uniques, dtype=object)
+    c = np.array([x if x < len(u) else -1 for x in codes], dtype=np.int64)
+    want = code_flags(u, c, lambda s: s.isin(list(wanted)), missing=missing)
+    assert code_in(u, c, wanted, missing=missing).tolist() == want.tolist()
+    if len(wanted) == 1:
+        assert code_in(u, c, next(iter(wanted)), missing=missing).tolist() == want.tolist()
