@@ -193,6 +193,8 @@ def _joined_pieces(parts: list[pd.DataFrame]) -> pd.DataFrame:
     if len(parts) > 1:
         parts = [p.assign(**{c: distinct.from_coded(p[c]) for c in PIECE_TEXT
                              if isinstance(p[c].dtype, pd.CategoricalDtype)}) for p in parts]
+    elif isinstance(parts[0].index, pd.RangeIndex) and parts[0].index.start == 0 and parts[0].index.step == 1:
+        return parts[0][PIECE_COLUMNS]  # one rank's (the rank task's): its columns, not a copy of them all
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS]
 
 
@@ -406,12 +408,12 @@ def _merge_codes(rank: int, ps, pe, ph, ct, names: np.ndarray, coded: bool = Fal
 def _tiled_windows(extents: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
     """Each rank's traced extent as one window, or, where step annotations end before their
     steps, cut at the steps so each keeps its annotation's end (``marker_end_ns``)."""
-    base = pd.DataFrame({"rank": extents["rank"].astype("int64"), "step": np.int64(-1),
-                         "start_ns": extents["trace_start_ns"].astype("int64"),
-                         "end_ns": extents["trace_end_ns"].astype("int64")})
+    base = pd.DataFrame({"rank": extents["rank"].to_numpy(np.int64), "step": np.int64(-1),
+                         "start_ns": extents["trace_start_ns"].to_numpy(np.int64),
+                         "end_ns": extents["trace_end_ns"].to_numpy(np.int64)}, index=extents.index)
     if steps is None or not len(steps) or "marker_end_ns" not in steps:
         return base
-    short = steps["marker_end_ns"].astype("int64") < steps["end_ns"].astype("int64")
+    short = steps["marker_end_ns"].to_numpy(np.int64) < steps["end_ns"].to_numpy(np.int64)
     if not short.any():
         return base
     by_rank = {int(r): g.sort_values("start_ns") for r, g in steps[short].groupby("rank")}
