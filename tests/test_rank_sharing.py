@@ -156,3 +156,23 @@ def test_wait_labels_name_each_distinct_collective_once_and_missing_ones_row_by_
     assert _wait_labels(names).tolist() == want and "wait:None" in want and "wait:nan" in want
     assert _wait_labels(names.astype("string[pyarrow]").iloc[[0, 2]]).tolist() == [want[0], want[2]]
     assert _wait_labels(names.iloc[:0]).tolist() == []
+
+
+def test_attribution_of_each_rank_alone_is_its_part_of_every_ranks(rank_events):
+    """``overhead._rank_groups``: a one-rank table is its own group (no groupby copy), and windows
+    in order are not sorted again; the causes of each rank alone are its rows of all ranks' at
+    once, windows given in reverse order included."""
+    both = pd.concat(rank_events, ignore_index=True)
+    steps = step_table(both)
+    waits = wait_intervals(collective_candidates(both))
+    windows = ov.analysis_windows(both, steps)
+    whole = ov.attribute_gaps(both, windows, waits)
+    backwards = ov.attribute_gaps(both, windows.iloc[::-1], waits)
+    pd.testing.assert_frame_equal(backwards, whole)
+    for ev in rank_events:
+        r = int(ev["rank"].iloc[0])
+        alone = ov.attribute_gaps(ev, windows[windows["rank"] == r], waits[waits["rank"] == r])
+        pd.testing.assert_frame_equal(alone, whole[whole["rank"] == r].reset_index(drop=True))
+    one = windows[windows["rank"] == r]
+    assert ov._rank_groups(one)[0] == (r, one) and ov._rank_groups(one)[0][1] is one  # no copy
+    assert ov._increasing(np.array([1, 2])) and not ov._increasing(np.array([1, 1]))

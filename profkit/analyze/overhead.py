@@ -128,6 +128,20 @@ def analysis_windows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _rank_groups(frame: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
+    """``frame.groupby("rank", sort=True)``'s groups; the frame itself where it is one rank's (the
+    rank task's windows and waits: a groupby would copy it)."""
+    rank = frame["rank"].to_numpy(np.int64)
+    if rank.size and (rank == rank[0]).all():
+        return [(int(rank[0]), frame)]
+    return [(int(r), g) for r, g in frame.groupby("rank", sort=True)]
+
+
+def _increasing(values: np.ndarray) -> bool:
+    """Strictly increasing: any sort of these rows keeps their order."""
+    return bool((values[1:] > values[:-1]).all())
+
+
 def event_arrays(events: pd.DataFrame) -> per_rank.EventArrays:
     """``events`` as the attribution's arrays, for ``attribute_gaps(..., arrays=)``: built once
     when one table is attributed over several window sets (the causes and the timeline pieces)."""
@@ -187,10 +201,11 @@ def attribute_coded(events: pd.DataFrame, steps: pd.DataFrame, sync_waits: pd.Da
         arrays = per_rank.EventArrays.build(events, step_names, per_rank.Vocab())
     arrays = arrays.with_step_names(step_names)
     vocab = arrays.vocab
-    waits_by_rank = {int(r): g for r, g in sync_waits.groupby("rank", sort=False)} if len(sync_waits) else {}
+    waits_by_rank = dict(_rank_groups(sync_waits)) if len(sync_waits) else {}
     parts = []
-    for rank, w in windows.groupby("rank", sort=True):
-        w = w.sort_values("start_ns")
+    for rank, w in _rank_groups(windows):
+        if not _increasing(w["start_ns"].to_numpy(np.int64)):  # in order already: no sort (no ties to order)
+            w = w.sort_values("start_ns")
         ws = w["start_ns"].to_numpy(np.int64)
         we = w["end_ns"].to_numpy(np.int64).copy()
         we[:-1] = np.minimum(we[:-1], ws[1:])  # overlapping windows: each instant charged once

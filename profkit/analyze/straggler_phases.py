@@ -194,7 +194,8 @@ def _joined_pieces(parts: list[pd.DataFrame]) -> pd.DataFrame:
         parts = [p.assign(**{c: distinct.from_coded(p[c]) for c in PIECE_TEXT
                              if isinstance(p[c].dtype, pd.CategoricalDtype)}) for p in parts]
     elif isinstance(parts[0].index, pd.RangeIndex) and parts[0].index.start == 0 and parts[0].index.step == 1:
-        return parts[0][PIECE_COLUMNS]  # one rank's (the rank task's): its columns, not a copy of them all
+        one = parts[0]  # one rank's (the rank task's): the frame itself, not a copy of it
+        return one if list(one.columns) == PIECE_COLUMNS else one[PIECE_COLUMNS]
     return pd.concat(parts, ignore_index=True)[PIECE_COLUMNS]
 
 
