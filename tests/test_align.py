@@ -327,7 +327,8 @@ def test_one_rank_frames_move_as_in_the_whole_frame(real):
         mine = (ev["rank"] == r).to_numpy()
         alone = apply_alignment(ev[mine].reset_index(drop=True), table)
         pd.testing.assert_frame_equal(alone, whole[mine].reset_index(drop=True), check_exact=True)
-    stranger = ev[ev["rank"] == 0].assign(rank=pd.array(np.full(int((ev["rank"] == 0).sum()), 9), dtype=ev["rank"].dtype))
+    rank0 = ev[ev["rank"] == 0]
+    stranger = rank0.assign(rank=pd.array(np.full(len(rank0), 9), dtype=ev["rank"].dtype))
     assert apply_alignment(stranger, table)["end_ns"].equals(stranger["end_ns"])
     unknown_drift = table.assign(drift_ppm=np.nan, offset_ns=0)
     assert apply_alignment(ev, unknown_drift)["start_ns"].equals(ev["start_ns"])

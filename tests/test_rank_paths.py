@@ -125,7 +125,8 @@ def test_one_rank_window_phases_equal_the_all_ranks_path(loaded, name):
         late = windows[windows["window"] >= 300]  # from mid-extent on: names first seen in another order
         for w in (windows, late):
             for r in ranks:
-                got, text = ph.window_phases_coded(pieces, w[w["rank"] == r]), ph.window_phases(pieces, w[w["rank"] == r])
+                mine = w[w["rank"] == r]
+                got, text = ph.window_phases_coded(pieces, mine), ph.window_phases(pieces, mine)
                 if got is None:  # nothing inside: the caller codes the (empty) text table
                     assert not len(text)
                     continue

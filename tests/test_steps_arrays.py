@@ -84,7 +84,8 @@ def _kernel(rank, start, end, source="t"):
 
 
 PATTERN = "^my_step"
-_step = st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(1, 12), st.sampled_from(["plain", "numbered", "nested"]))
+_step = st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(1, 12),
+                  st.sampled_from(["plain", "numbered", "nested"]))
 _note = st.tuples(st.integers(0, 2), st.integers(-5, 400), st.integers(0, 300), st.integers(0, 9))
 
 

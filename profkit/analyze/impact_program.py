@@ -150,7 +150,8 @@ def gpu_ops(events: pd.DataFrame, gpu: pd.DataFrame | None = None) -> pd.DataFra
         comm[is_k] = comm_u[np.asarray(codes, np.int64)[is_k]] | g["coll_name"].notna().to_numpy(dtype=bool)[is_k]
     start, end = g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
     order = np.lexsort((end, start))  # by start, then end; ties in row order (a stable sort of both)
-    return pd.DataFrame({"start_ns": start[order], "end_ns": end[order], "launch_ns": launch[order], "comm": comm[order]})
+    return pd.DataFrame({"start_ns": start[order], "end_ns": end[order], "launch_ns": launch[order],
+                         "comm": comm[order]})
 
 
 def launch_times(rt_pid: np.ndarray, rt_corr: np.ndarray, rt_start: np.ndarray, pid: np.ndarray, corr: np.ndarray,

@@ -245,7 +245,8 @@ def iteration_periods(spans: pd.DataFrame) -> pd.DataFrame:
     return spans
 
 
-def _periods(rank: np.ndarray, start: np.ndarray, end: np.ndarray, annotation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _periods(rank: np.ndarray, start: np.ndarray, end: np.ndarray,
+             annotation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(end, whole period) of each step span in (rank, start) order: an annotation's (``annotation``)
     runs to the next span's start on its rank, where that is not before its own end."""
     has_next = np.r_[rank[1:] == rank[:-1], False]
@@ -362,12 +363,13 @@ def step_table(events: pd.DataFrame, step_pattern: str | None = None,
     with np.errstate(divide="ignore", invalid="ignore"):
         idle_share = np.where(step_ns > 0, gap_ns / step_ns, np.nan)
     phase, batch, tokens = _batch_facts(spans.name)
+    marker = pd.array(np.full(len(step_ns), spans.marker, dtype=object), dtype=str)  # as a scalar column is typed
     steps = pd.DataFrame({
         "rank": spans.rank, "step": spans.step, "start_ns": spans.start_ns, "end_ns": spans.end_ns, "step_ns": step_ns,
         "gpu_busy_ns": busy_ns, "gpu_kernel_ns": kernel_ns, "gap_ns": gap_ns, "gpu_idle_share": idle_share,
         "phase": pd.array(phase, dtype="string"), "batch_size": pd.array(batch, dtype="Int64"),
-        "num_tokens": pd.array(tokens, dtype="Int64"), "marker": pd.array(np.full(len(step_ns), spans.marker, dtype=object), dtype=str),
-        "name": pd.Series(spans.name, dtype=object), "marker_end_ns": marker_end, "whole_period": whole})
+        "num_tokens": pd.array(tokens, dtype="Int64"), "marker": marker, "name": pd.Series(spans.name, dtype=object),
+        "marker_end_ns": marker_end, "whole_period": whole})
     steps.attrs["dropped_steps"] = dropped
     return steps
 
@@ -383,6 +385,7 @@ def _gpu_time_in(events: pd.DataFrame, spans: _Spans) -> tuple[np.ndarray, np.nd
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # the spans are in rank order
         mine = event_ranks == spans.rank[lo]
         start, end = spans.start_ns[lo:hi], spans.end_ns[lo:hi]
-        busy_ns[lo:hi] = iv.covered_between(gpu._intervals(events, mine & is_gpu), start, end)
-        kernel_ns[lo:hi] = iv.covered_between(gpu._intervals(events, mine & is_kernel), start, end)
+        for out, rows in ((busy_ns, mine & is_gpu), (kernel_ns, mine & is_kernel)):
+            covered = iv.union(gpu.times(events, "start_ns", rows), gpu.times(events, "end_ns", rows))
+            out[lo:hi] = iv.covered_between(covered, start, end)
     return busy_ns, kernel_ns
