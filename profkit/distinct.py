@@ -125,9 +125,19 @@ def isin(values: pd.Series, wanted: Iterable[str]) -> np.ndarray:
     """``values.isin(wanted).to_numpy(dtype=bool)`` for a string column (missing: False), from
     its ``codes``: each distinct value tested once."""
     c, u = codes(values)
+    return codes_in(u, c, wanted)
+
+
+def codes_in(uniques: np.ndarray, codes: np.ndarray, wanted: str | Iterable[str],
+             missing: str | None = None) -> np.ndarray:
+    """Per row, whether its value (``codes`` into the distinct Python strings ``uniques``, -1 where
+    missing) is one of ``wanted``: a set look-up per distinct value, where a pandas ``isin`` or
+    ``==`` of them costs ~0.2 ms of fixed work a call. A missing value is tested as ``missing``
+    (None: False)."""
     wanted = {wanted} if isinstance(wanted, str) else set(wanted)
-    hit = np.array([x in wanted for x in u.tolist()] + [False], dtype=bool)
-    return hit[c] if c.size else np.zeros(0, dtype=bool)
+    hit = np.array([x in wanted for x in uniques.tolist()] + [missing is not None and missing in wanted], dtype=bool)
+    codes = np.asarray(codes, np.int64)
+    return hit[np.where(codes < 0, len(uniques), codes)] if codes.size else np.zeros(0, dtype=bool)
 
 
 def contains(names: pd.Series, pattern: str | re.Pattern[str], as_string: bool = True) -> np.ndarray:

@@ -147,10 +147,12 @@ def test_first_appearance_is_pandas_factorize_of_the_codes(codes, extra):
 @given(st.lists(st.sampled_from(["cpu_op", "cpu_span", "kernel", "", "NCCL"]), min_size=1, max_size=6, unique=True),
        st.lists(st.integers(-1, 5), max_size=40), st.sampled_from([None, "", "NCCL"]),
        st.sets(st.sampled_from(["cpu_op", "kernel", "", "NCCL", "other"]), max_size=3))
-def test_code_in_is_the_isin_test_of_code_flags(uniques, codes, missing, wanted):
-    """``syncpoints.code_in`` (a set look-up per distinct value) answers as ``code_flags`` of the
-    pandas ``isin`` test it replaced, a missing value tested as ``missing``."""
-    from profkit.collectives.syncpoints import code_flags, code_in
+def test_codes_in_is_the_isin_test_of_code_flags(uniques, codes, missing, wanted):
+    """``distinct.codes_in`` (a set look-up per distinct value) answers as ``syncpoints.code_flags``
+    of the pandas ``isin`` test it replaced, a missing value tested as ``missing``."""
+    from profkit.collectives.syncpoints import code_flags
+
+    code_in = distinct.codes_in
 
     u = np.array(uniques, dtype=object)
     c = np.array([x if x < len(u) else -1 for x in codes], dtype=np.int64)

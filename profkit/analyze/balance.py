@@ -40,7 +40,7 @@ import pandas as pd
 
 from profkit import distinct, schema
 from profkit.analyze.jsonable import json_scalar
-from profkit.analyze.steps import VLLM_STEP_RE, _batch_facts
+from profkit.analyze.steps import VLLM_STEP_RE, batch_fact_arrays
 from profkit.ingest.expert_loads import (  # noqa: F401 - the parsers live in ingest; read as balance.* too
     LOAD_COLUMNS, ROUTING_ATTR, LoadsFormatError, parse_engine_steps, parse_expert_loads, parse_sim_expert_loads,
 )
@@ -173,7 +173,7 @@ def step_tokens(steps: pd.DataFrame, events: pd.DataFrame | None = None,
     rows = np.flatnonzero(is_host & distinct.regex_flags(text, codes, VLLM_STEP_RE, missing=None))
     if not len(rows):
         return _own(steps, have)
-    _, a_batch, a_tokens = _batch_facts(np.asarray(text, dtype=object)[codes[rows]])
+    _, a_batch, a_tokens = batch_fact_arrays(np.asarray(text, dtype=object)[codes[rows]])
     a_rank = events["rank"].iloc[rows].to_numpy(np.int64)
     a_start = events["start_ns"].iloc[rows].to_numpy(np.int64)
     rank, step = steps["rank"].to_numpy(np.int64), steps["step"].to_numpy(np.int64)

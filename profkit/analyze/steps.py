@@ -258,13 +258,13 @@ def _periods(rank: np.ndarray, start: np.ndarray, end: np.ndarray,
 def step_batch_facts(names: pd.Series) -> pd.DataFrame:
     """Phase (prefill / decode / mixed), batch size and tokens parsed from step names (each
     distinct name parsed once: a decode-only run repeats the same few names for every step)."""
-    phase, batch, tokens = _batch_facts(names.astype(str))
+    phase, batch, tokens = batch_fact_arrays(names.astype(str))
     return pd.DataFrame({"phase": pd.Series(phase, index=names.index, dtype="string"),
                          "batch_size": pd.Series(batch, index=names.index, dtype=np.float64).astype("Int64"),
                          "num_tokens": pd.Series(tokens, index=names.index, dtype=np.float64).astype("Int64")})
 
 
-def _batch_facts(names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def batch_fact_arrays(names) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``step_batch_facts``' columns as arrays (phase: object, None where unknown; batch size and
     tokens: float64, NaN where unknown) of ``names`` (text, missing: no facts)."""
     codes, uniques = pd.factorize(names)
@@ -362,7 +362,7 @@ def step_table(events: pd.DataFrame, step_pattern: str | None = None,
     gap_ns = step_ns - busy_ns
     with np.errstate(divide="ignore", invalid="ignore"):
         idle_share = np.where(step_ns > 0, gap_ns / step_ns, np.nan)
-    phase, batch, tokens = _batch_facts(spans.name)
+    phase, batch, tokens = batch_fact_arrays(spans.name)
     marker = pd.array(np.full(len(step_ns), spans.marker, dtype=object), dtype=str)  # as a scalar column is typed
     steps = pd.DataFrame({
         "rank": spans.rank, "step": spans.step, "start_ns": spans.start_ns, "end_ns": spans.end_ns, "step_ns": step_ns,

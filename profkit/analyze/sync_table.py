@@ -29,7 +29,7 @@ def wait_intervals(candidates: pd.DataFrame | None) -> pd.DataFrame:
     if candidates is None or not len(candidates) or "exit_ns" not in candidates:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"),
                              "end_ns": pd.Series(dtype="int64"), "cause": pd.Series(dtype=object)})
-    rows = np.flatnonzero((candidates["source_kind"] == "cpu_span").to_numpy(bool))  # only the columns read are taken
+    rows = np.flatnonzero((candidates["source_kind"] == "cpu_span").to_numpy(bool))  # the four columns read, taken
     return pd.DataFrame({
         "rank": candidates["rank"].iloc[rows].to_numpy(np.int64),
         "start_ns": candidates["arrive_ns"].iloc[rows].to_numpy(np.int64),

@@ -37,7 +37,6 @@ from profkit.collectives.syncpoints import (
     COLLECTIVE_LAUNCH,
     HOST_COLUMNS,
     _thread_key,
-    code_in,
     column_codes,
     column_ints,
     host_sync_rows,
@@ -45,7 +44,7 @@ from profkit.collectives.syncpoints import (
     sharing,
     texts_at,
 )
-from profkit.distinct import regex_flags
+from profkit.distinct import codes_in, regex_flags
 from profkit.ingest.collectives import coll_from_kernel, normalize_coll_name
 from profkit.intervals import nesting_parents
 from profkit.keys import first_match
@@ -95,12 +94,12 @@ def _candidates(events: pd.DataFrame, sync_names: dict[str, str] | None = None) 
 def _candidates_coded(events: pd.DataFrame, sync_names: dict[str, str] | None) -> pd.DataFrame:
     kernels = _comm_kernels(events)
     kind_c, kind_u = column_codes(events, "kind")
-    host_rows = np.flatnonzero(code_in(kind_u, kind_c, _HOST_KINDS))
+    host_rows = np.flatnonzero(codes_in(kind_u, kind_c, _HOST_KINDS))
     name_c, name_u = column_codes(events, "name")
     cat_c, cat_u = column_codes(events, "category")
     coll_c, _ = column_codes(events, "coll_name")
     hn = name_c[host_rows]
-    ncclish = regex_flags(name_u, hn, _NCCLISH_RE) | code_in(cat_u, cat_c[host_rows], "NCCL", missing="")
+    ncclish = regex_flags(name_u, hn, _NCCLISH_RE) | codes_in(cat_u, cat_c[host_rows], "NCCL", missing="")
     has_coll = coll_c[host_rows] >= 0
     c10d = regex_flags(name_u, hn, COLL_OP_RE)
     like = ncclish | has_coll | c10d
@@ -116,7 +115,7 @@ def _candidates_coded(events: pd.DataFrame, sync_names: dict[str, str] | None) -
     lk = like_rows[unlinked]
     lk_nccl = ncclish[like][unlinked]
     group_c, group_u = column_codes(events, "coll_group")
-    lk_gpu_group = code_in(group_u, group_c[lk], gpu_groups)
+    lk_gpu_group = codes_in(group_u, group_c[lk], gpu_groups)
     is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(events, lk, host_rows[ncclish])
     ranks_with_kernels = np.array(sorted(set(kernels["rank"].unique().tolist())), dtype=np.int64)
     lk_c10d = c10d[like][unlinked]
@@ -167,7 +166,7 @@ def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> p
 
 def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
     kind_c, kind_u = column_codes(events, "kind")
-    is_kernel = code_in(kind_u, kind_c, schema.KERNEL)
+    is_kernel = codes_in(kind_u, kind_c, schema.KERNEL)
     # ``names.is_comm_kernel`` of each distinct name once, on the whole column (codes, no rows taken)
     codes, uniques = column_codes(events, "name")
     comm = is_kernel & (regex_flags(uniques, codes, COMM_KERNEL_RE, "search", missing=None)
@@ -219,7 +218,7 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.nd
     # correlation), in the events' order, is each kernel's launch (a missing pid matches a missing one)
     kind_c, kind_u = column_codes(events, "kind")
     corr, corr_missing = column_ints(events, "correlation")
-    is_rt = code_in(kind_u, kind_c, schema.RUNTIME) & ~corr_missing
+    is_rt = codes_in(kind_u, kind_c, schema.RUNTIME) & ~corr_missing
     k_corr = kernels["correlation"]
     wanted = np.unique(k_corr[k_corr.notna()].to_numpy(dtype=np.int64))
     rt = np.flatnonzero(is_rt)

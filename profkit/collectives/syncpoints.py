@@ -137,11 +137,11 @@ def host_sync_rows(events: pd.DataFrame, host_rows: np.ndarray, op_labels,
     is_op = events.index[host_rows].isin(pd.Index(op_labels))
     gloo = distinct.regex_flags(name_u, hn, GLOO_RE)
     kind_c, kind_u = column_codes(events, "kind")
-    span_kind = code_in(kind_u, kind_c[host_rows], schema.CPU_SPAN)
+    span_kind = distinct.codes_in(kind_u, kind_c[host_rows], schema.CPU_SPAN)
     cat_c, cat_u = column_codes(events, "category")
-    by_name = distinct.regex_flags(name_u, hn, NAME_SYNC_RE, "search") | code_in(
+    by_name = distinct.regex_flags(name_u, hn, NAME_SYNC_RE, "search") | distinct.codes_in(
         cat_u, cat_c[host_rows], DP_SYNC_CATEGORY, missing="")
-    cross = code_in(name_u, hn, sync_names, missing="") if sync_names \
+    cross = distinct.codes_in(name_u, hn, sync_names, missing="") if sync_names \
         else np.zeros(host_rows.size, bool)
     named = span_kind & ~gloo & ~is_op & (by_name | cross)
     if not (is_op.any() or gloo.any() or named.any()):
@@ -376,17 +376,6 @@ def code_flags(uniques: np.ndarray, codes: np.ndarray, test, missing: str | None
         distinct = distinct.astype("string")
     flags = np.asarray(test(distinct), dtype=bool) if len(distinct) else np.zeros(0, bool)
     flags = np.r_[flags, False] if missing is None else flags
-    return flags[np.where(codes < 0, len(uniques), codes)] if codes.size else np.zeros(0, bool)
-
-
-def code_in(uniques: np.ndarray, codes: np.ndarray, wanted, missing: str | None = None) -> np.ndarray:
-    """Per row, whether its value (distinct ``uniques`` of Python strings, ``codes`` into them) is
-    one of ``wanted`` (a string or strings): ``code_flags`` of an ``isin`` / ``==`` test, by a set
-    look-up per distinct value instead of a pandas Series of them (a few calls a rank, each ~0.2 ms
-    of pandas' fixed cost). A missing value is tested as ``missing`` (None: False)."""
-    wanted = {wanted} if isinstance(wanted, str) else set(wanted)
-    flags = np.array([u in wanted for u in uniques.tolist()] + [missing is not None and missing in wanted], bool)
-    codes = np.asarray(codes, np.int64)
     return flags[np.where(codes < 0, len(uniques), codes)] if codes.size else np.zeros(0, bool)
 
 
@@ -666,7 +655,7 @@ def span_facts(events: pd.DataFrame, exclude: re.Pattern[str] | None = None) -> 
     name, 64 per name. Library spans (Gloo, NCCL, ProfilerStep, ...) and ``exclude`` are skipped.
     Spans are grouped by name codes (``column_codes``); the strings are made only for the result."""
     kind_c, kind_u = column_codes(events, "kind")
-    is_span = code_in(kind_u, kind_c, schema.CPU_SPAN)
+    is_span = distinct.codes_in(kind_u, kind_c, schema.CPU_SPAN)
     rows = np.flatnonzero(is_span & events["tid"].notna().to_numpy(bool))
     if not rows.size:
         return empty_table(FACT_COLUMNS), empty_table(SAMPLE_COLUMNS)
@@ -783,15 +772,15 @@ def _collective_marks(events: pd.DataFrame) -> tuple[dict[int, np.ndarray], dict
     # flags over whole columns (names tested once per distinct name): no rows of the string
     # columns are taken, only the few sync rows' thread ids
     kind_c, kind_u = column_codes(events, "kind")
-    is_host = code_in(kind_u, kind_c, (schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME))
+    is_host = distinct.codes_in(kind_u, kind_c, (schema.CPU_OP, schema.CPU_SPAN, schema.RUNTIME))
     if not is_host.any():
         return {}, {}
-    is_rt = code_in(kind_u, kind_c, schema.RUNTIME)
+    is_rt = distinct.codes_in(kind_u, kind_c, schema.RUNTIME)
     name_c, name_u = column_codes(events, "name")
     coll = (distinct.regex_flags(name_u, name_c, COLL_OP_RE) | distinct.regex_flags(name_u, name_c, GLOO_RE)
             | distinct.regex_flags(name_u, name_c, _NCCL_PREFIX_RE))
     cat_c, cat_u = column_codes(events, "category")
-    coll |= code_in(cat_u, cat_c, "NCCL") | events["coll_name"].notna().to_numpy(bool)
+    coll |= distinct.codes_in(cat_u, cat_c, "NCCL") | events["coll_name"].notna().to_numpy(bool)
     coll &= is_host & ~is_rt
     sync = is_rt & (distinct.regex_flags(name_u, name_c, SYNC_RE, "search") | distinct.regex_flags(name_u, name_c, POLL_RE))
     starts = events["start_ns"].to_numpy(np.int64)
