@@ -590,7 +590,7 @@ def _window_phases_one_rank(pieces: pd.DataFrame, windows: pd.DataFrame, rank: i
         category, c_order = distinct.first_appearance(ccode[idx[first]], len(cnames))
         table = pd.DataFrame({"window": np.asarray(wids, np.int64)[wcode[first]],
                               "rank": np.full(first.size, rank, np.int64), "phase": phase, "category": category,
-                              "ns": ns.astype(np.int64)}, copy=False)
+                              "ns": np.asarray(ns, np.int64)}, copy=False)
         return table, (_texts(pnames)[p_order], _texts(cnames)[c_order])
     return pd.DataFrame({"window": np.asarray(wids, np.int64)[wcode[first]],
                          "rank": np.full(first.size, rank, np.int64),
