@@ -149,3 +149,37 @@ def test_numbered_marker_with_an_unnumbered_span_names_it():
     assert find_step_spans(ev, step_pattern="^my_step")["step"].tolist() == [0, 1]
     with pytest.raises(ValueError, match="my_step"):  # the other ranks' names were all numbered
         find_step_spans(ev, step_pattern="^my_step", chosen=("user", True))
+
+
+def test_a_rank_whose_every_step_is_left_out_says_so():
+    """Steps a second source of the rank did not record whole are left out; where that is every
+    step, the empty table still counts them (``attrs["dropped_steps"]``: the run's warning)."""
+    rows = [_span(0, "EngineCore.step", 15 * i, 15 * i + 10) for i in range(4)]
+    rows += [_kernel(0, 15 * i, 15 * i + 5) for i in range(4)]
+    rows.append(_kernel(0, 100, 200, source="nsys"))  # the second source records from 100 on
+    table = step_table(schema.from_records(rows))
+    assert not len(table) and table.attrs["dropped_steps"] == {0: 4}
+    some = schema.from_records(rows[:-1] + [_kernel(0, 30, 200, source="nsys")])
+    assert step_table(some).attrs["dropped_steps"] == {0: 2}
+
+
+def test_the_run_warns_of_a_rank_whose_every_step_is_left_out(tmp_path, monkeypatch):
+    """The real two-source capture (profkit span file + Nsight) with rank 1's Nsight rows kept only
+    for 0.1 ms, shorter than any step: every rank-1 step is left out, and the warning says how many."""
+    import profkit
+    from conftest import SAMPLE_TRACES
+    from profkit.analyze.pipeline import analyze
+    from profkit.ingest.loader import Capture
+
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path))
+    cap = profkit.load(SAMPLE_TRACES / "engine-dep2-h200-capture" / "nsys_clean")
+    ev = cap.events
+    nsys1 = ((ev["rank"] == 1) & (ev["source"] == "nsys")).to_numpy(bool)
+    start = ev["start_ns"].to_numpy("int64")
+    first = int(start[nsys1].min())
+    keep = ~nsys1 | (ev["end_ns"].to_numpy("int64") <= first + 100_000)
+    cut = ev[keep].reset_index(drop=True)
+    n1 = len(find_step_spans(cut[(cut["rank"] == 1).to_numpy(bool)].reset_index(drop=True)))
+    a = analyze(Capture(events=cut, parts=cap.parts, meta=cap.meta, skipped=cap.skipped, warnings=cap.warnings))
+    assert not (a.steps["rank"] == 1).any() and (a.steps["rank"] == 0).any()
+    assert any(w.startswith(f"rank 1: {n1} step(s) left out") for w in a.warnings), a.warnings

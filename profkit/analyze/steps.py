@@ -356,6 +356,8 @@ def step_table(events: pd.DataFrame, step_pattern: str | None = None,
         out = pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]}).reindex(columns=STEP_COLUMNS)
         out["marker_end_ns"] = out["marker_end_ns"].astype("int64")
         out["whole_period"] = out["whole_period"].astype(bool)
+        if spans is not None and dropped:  # every step left out: still said (the run's warning counts them)
+            out.attrs["dropped_steps"] = dropped
         return out
     busy_ns, kernel_ns = _gpu_time_in(events, spans)
     step_ns = spans.end_ns - spans.start_ns
