@@ -53,13 +53,13 @@ def shift_columns(
         if col not in df.columns:
             continue
         s = df[col]
-        valid = _valid(s)
+        valid = present(s)
         moved = to_reference(s.to_numpy(dtype=np.int64, na_value=0), offset_ns, drift_ppm, t0_ns)
         out[col] = _same_dtype(moved, valid, s.dtype)
     return out
 
 
-def _valid(s: pd.Series) -> np.ndarray | None:
+def present(s: pd.Series) -> np.ndarray | None:
     """Where the column has a value; None where it has one everywhere (read off Arrow's null
     count, or a plain numpy dtype, without a mask per row)."""
     if isinstance(s.dtype, np.dtype) and s.dtype.kind in "iub":

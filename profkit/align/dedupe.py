@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from profkit import distinct, schema
+from profkit.align.clock import present
 from profkit.distinct import str_objects
 
 DEDUPE_KINDS = (schema.CPU_SPAN, schema.GC)
@@ -95,9 +96,9 @@ def drop_duplicate_spans(
         return events, {}
     host = distinct.isin(events["kind"], DEDUPE_KINDS)
     for col in ("name", "rank", "source", "start_ns", "end_ns"):
-        present = _present(events[col])
-        if present is not None:
-            host &= present
+        valid = present(events[col])
+        if valid is not None:
+            host &= valid
     pos = np.flatnonzero(host)
     if len(pos) < 2 or _one_stream(events, pos):
         return events, {}
@@ -156,13 +157,6 @@ def drop_duplicate_spans(
     keep = np.ones(len(events), dtype=bool)
     keep[pos[drop]] = False
     return events.iloc[keep], dropped
-
-
-def _present(values: pd.Series) -> np.ndarray | None:
-    """Where the column has a value; None where it has one everywhere (Arrow counts its nulls)."""
-    if isinstance(values.dtype, pd.ArrowDtype) and values.array.__arrow_array__().null_count == 0:
-        return None
-    return values.notna().to_numpy(dtype=bool)
 
 
 def _one_stream(events: pd.DataFrame, pos: np.ndarray) -> bool:

@@ -303,24 +303,14 @@ def _tok(text: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
-def drop_partly_recorded_steps(spans: pd.DataFrame, events: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, int]]:
-    """Keep the steps every source of their rank recorded from start to end.
+def _recorded(rank: np.ndarray, start: np.ndarray, end: np.ndarray, events: pd.DataFrame) -> np.ndarray | None:
+    """Which steps (``rank``, ``start``, ``end``) lie inside the window every source of their rank
+    recorded; None where each rank has one source.
 
     profkit's span files cover the whole run while a profiler (torch, nsys) records a window of
     steps, and starting or stopping it costs seconds inside the first and last step of that
     window: those steps, and the steps outside the window, would be measured without their GPU
-    side. Returns the kept spans and the number dropped per rank.
-    """
-    inside = None if spans.empty else _recorded(spans["rank"].astype("int64").to_numpy(),
-                                                spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(), events)
-    if inside is None:
-        return spans, {}
-    return spans.loc[inside], _dropped(spans["rank"].to_numpy(np.int64), inside)
-
-
-def _recorded(rank: np.ndarray, start: np.ndarray, end: np.ndarray, events: pd.DataFrame) -> np.ndarray | None:
-    """Which steps (``rank``, ``start``, ``end``) lie inside the window every source of their rank
-    recorded (``drop_partly_recorded_steps``); None where each rank has one source."""
+    side, so ``step_table`` leaves them out."""
     if "source" not in events.columns or distinct.codes(events["source"])[1].size < 2:
         return None
     window = recorded_window(events)
@@ -338,8 +328,8 @@ def step_table(events: pd.DataFrame, step_pattern: str | None = None,
                chosen: tuple[str, bool] | None = None) -> pd.DataFrame:
     """Per (rank, step): wall time, GPU busy and kernel time inside the step, and the gap.
 
-    Steps that some source of the rank recorded only in part are left out (see
-    ``drop_partly_recorded_steps``); ``attrs["dropped_steps"]`` says how many per rank.
+    Steps that some source of the rank recorded only in part are left out (see ``_recorded``);
+    ``attrs["dropped_steps"]`` says how many per rank.
     """
     spans = _step_spans(events, step_pattern, chosen)
     if spans is not None:

@@ -42,14 +42,14 @@ def _wait_labels(names: pd.Series) -> np.ndarray:
     """``wait:<cause_name(name)>`` of each name (object array): each distinct name named once (a
     rank waits in the same few collectives thousands of times), a missing one row by row."""
     from profkit.analyze.overhead_names import cause_name
-    from profkit.analyze.vocabulary import WAIT_PREFIX
+    from profkit.analyze.vocabulary import wait_cause
 
     codes, uniques = pd.factorize(names, use_na_sentinel=True)
-    labels = np.array([WAIT_PREFIX + cause_name(u) for u in uniques] + [None], dtype=object)
+    labels = np.array([wait_cause(cause_name(u)) for u in uniques] + [None], dtype=object)
     out = labels[np.asarray(codes, np.int64)] if len(names) else np.empty(0, dtype=object)
     missing = np.flatnonzero(np.asarray(codes) < 0)
     if missing.size:
-        out[missing] = [WAIT_PREFIX + cause_name(w) for w in names.iloc[missing]]
+        out[missing] = [wait_cause(cause_name(w)) for w in names.iloc[missing]]
     return out
 
 
