@@ -36,6 +36,7 @@ from profkit.collectives.syncpoints import (
     COLLECTIVE_KERNEL,
     COLLECTIVE_LAUNCH,
     HOST_COLUMNS,
+    _names_at,
     _thread_key,
     column_codes,
     column_ints,
@@ -105,9 +106,8 @@ def _candidates_coded(events: pd.DataFrame, sync_names: dict[str, str] | None) -
     like = ncclish | has_coll | c10d
     like_rows = host_rows[like]  # host spans that may launch or be a collective (positions)
     kernels, linked_ids = _link_launches(events, kernels, like_rows)
-    gpu_groups = {str(g) for g in pd.unique(kernels["group"].to_numpy(dtype=object)) if not pd.isna(g)} \
-        if len(kernels) else set()
-    frames = [_with_sync_columns(kernels, COLLECTIVE_KERNEL)]
+    gpu_groups = {str(g) for g in pd.unique(kernels["group"]) if not pd.isna(g)}
+    frames = [_kernel_frame(kernels)]
 
     # host collective spans not linked to a kernel
     like_labels = events.index[like_rows]
@@ -117,7 +117,7 @@ def _candidates_coded(events: pd.DataFrame, sync_names: dict[str, str] | None) -
     group_c, group_u = column_codes(events, "coll_group")
     lk_gpu_group = codes_in(group_u, group_c[lk], gpu_groups)
     is_launch = lk_nccl | lk_gpu_group | _holds_nccl_span(events, lk, host_rows[ncclish])
-    ranks_with_kernels = np.array(sorted(set(kernels["rank"].unique().tolist())), dtype=np.int64)
+    ranks_with_kernels = np.unique(kernels["rank"])
     lk_c10d = c10d[like][unlinked]
     lk_rank = column_ints(events, "rank")[0][lk]
     launch_spans = lk[is_launch & ~lk_c10d & ~np.isin(lk_rank, ranks_with_kernels)]
@@ -164,24 +164,73 @@ def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> p
     return events.loc[mask, list(columns)]
 
 
-def _comm_kernels(events: pd.DataFrame) -> pd.DataFrame:
+def _comm_kernels(events: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The communication kernels of ``events`` as arrays, one per column (``_kernel_frame``
+    makes the candidates' frame of them once): each column taken at the kernels' positions from
+    the rank's converted columns (``column_ints``, ``column_codes``), each distinct name tested
+    once. A frame of their rows, its ``astype`` and ``where`` cost ~10 ms a rank."""
     kind_c, kind_u = column_codes(events, "kind")
     is_kernel = codes_in(kind_u, kind_c, schema.KERNEL)
     # ``names.is_comm_kernel`` of each distinct name once, on the whole column (codes, no rows taken)
     codes, uniques = column_codes(events, "name")
-    comm = is_kernel & (regex_flags(uniques, codes, COMM_KERNEL_RE, "search", missing=None)
-                        | events["coll_name"].notna().to_numpy(dtype=bool))
-    k = _take(events, comm, _KERNEL_COLUMNS)
-    names = k["name"].astype(str)
-    derived = names.map({n: kernel_coll_name(n) for n in names.unique()})
-    coll = k["coll_name"].astype(object).where(k["coll_name"].notna(), derived)
+    coll_c, _ = column_codes(events, "coll_name")
+    rows = np.flatnonzero(is_kernel & (regex_flags(uniques, codes, COMM_KERNEL_RE, "search", missing=None)
+                                       | (coll_c >= 0)))
+    names = _names_at(events, rows)
+    coll = texts_at(events, "coll_name", rows)
+    lacks = pd.isna(coll)
+    if lacks.any():  # from the name (each distinct one once): only a named kernel lacks its collective here
+        derived = {n: kernel_coll_name(n) for n in pd.unique(names[lacks])}
+        coll[lacks] = [derived[n] for n in names[lacks]]
+    out = {
+        "rank": column_ints(events, "rank")[0][rows], "group": texts_at(events, "coll_group", rows),
+        "seq": _ints_at(events, "coll_seq", rows), "coll_name": coll,
+        "start_ns": column_ints(events, "start_ns")[0][rows], "end_ns": column_ints(events, "end_ns")[0][rows],
+        "name": names,
+    }
+    for c in ("device", "stream", "pid", "correlation"):
+        out[c] = _ints_at(events, c, rows)
+    return out
+
+
+def _ints_at(events: pd.DataFrame, col: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An integer column's (values, missing) at ``rows`` (``column_ints``: -1 where missing)."""
+    values, missing = column_ints(events, col)
+    return values[rows], missing[rows]
+
+
+def _as_numpy(ints: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """``col.astype("Int64").to_numpy()`` of (values, missing): int64 where none is missing, else
+    float64 with NaN where missing (as pandas 3 gives numpy a masked integer column)."""
+    values, missing = ints
+    if not missing.any():
+        return values
+    out = values.astype(np.float64)
+    out[missing] = np.nan
+    return out
+
+
+def _kernel_frame(k: dict) -> pd.DataFrame:
+    """The kernels' candidate rows in the sync-point vocabulary (as ``_with_sync_columns`` of a
+    frame of their columns), made at once; the empty frame where there are none."""
+    n = len(k["rank"])
+    if not n:
+        return pd.DataFrame()
+    start, end = k["start_ns"], k["end_ns"]
+    hs, hs_missing = k["host_start_ns"]
+    he, he_missing = k["host_end_ns"]
+    launch, launch_missing = k["launch_ns"]
     return pd.DataFrame({
-        **_identity_columns(k, KERNEL, coll, names),
-        "device": k["device"].astype("Int64").to_numpy(),
-        "stream": k["stream"].astype("Int64").to_numpy(),
-        "pid": k["pid"].astype("Int64").to_numpy(),
-        "tid": missing_ints(len(k)),
-        "correlation": k["correlation"].astype("Int64").to_numpy(),
+        "rank": k["rank"], "source_kind": KERNEL, "group": k["group"],
+        "seq": k["seq"],
+        "coll_name": k["coll_name"], "start_ns": start, "end_ns": end, "name": k["name"],
+        "device": _as_numpy(k["device"]), "stream": _as_numpy(k["stream"]), "pid": _as_numpy(k["pid"]),
+        "tid": k["tid"],
+        "launch_ns": pd.arrays.IntegerArray(launch, launch_missing),
+        "host_start_ns": pd.arrays.IntegerArray(hs, hs_missing),
+        "host_end_ns": pd.arrays.IntegerArray(he, he_missing),
+        "arrive_ns": start, "exit_ns": end, "span_start_ns": np.where(hs_missing, start, hs),
+        "span_name": None, "evidence": COLLECTIVE_KERNEL, "wait_name": k["coll_name"],
     })
 
 
@@ -200,70 +249,70 @@ def _identity_columns(rows: pd.DataFrame, kind: str, coll: pd.Series, names: pd.
     }
 
 
-def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.ndarray) -> tuple[pd.DataFrame, set]:
+def _link_launches(events: pd.DataFrame, k: dict, span_rows: np.ndarray) -> tuple[dict, set]:
     """Kernel -> its launch call (correlation) -> the innermost host collective span around the call.
 
-    ``span_rows``: positions in ``events`` of the host spans that may hold a launch. Returns kernels
-    with launch_ns, tid, host_start_ns/host_end_ns and group/seq/coll filled from the span chain
-    where the kernel lacks them, and the index labels of the linked spans. Arrays taken at
+    ``k``: the kernels' columns (``_comm_kernels``); ``span_rows``: positions in ``events`` of the
+    host spans that may hold a launch. Returns the kernels' columns with launch_ns, tid,
+    host_start_ns/host_end_ns ((values, missing) pairs) and group/seq/coll filled from the span
+    chain where the kernel lacks them, and the index labels of the linked spans. Arrays taken at
     positions throughout: a frame's rows, merge and groupby cost milliseconds each, per rank.
     """
-    n = len(kernels)
-    kernels = kernels.assign(launch_ns=missing_ints(n),
-                             host_start_ns=missing_ints(n),
-                             host_end_ns=missing_ints(n))
+    n = len(k["rank"])
+    k = dict(k)
+    lacking = (np.ones(n, np.int64), np.ones(n, bool))
+    k["launch_ns"] = k["host_start_ns"] = k["host_end_ns"] = lacking
+    k["tid"] = missing_ints(n)
+    corr_v, corr_miss = k.pop("correlation")
+    q_none = k["seq"][1].copy()
+    k["seq"] = _as_numpy(k["seq"])  # as a frame of the kernels holds it: float64 where any is missing
     if n == 0:
-        return kernels.drop(columns="correlation"), set()
+        return k, set()
     # the runtime calls of these kernels' correlations only: the first call per (rank, pid,
     # correlation), in the events' order, is each kernel's launch (a missing pid matches a missing one)
     kind_c, kind_u = column_codes(events, "kind")
     corr, corr_missing = column_ints(events, "correlation")
     is_rt = codes_in(kind_u, kind_c, schema.RUNTIME) & ~corr_missing
-    k_corr = kernels["correlation"]
-    wanted = np.unique(k_corr[k_corr.notna()].to_numpy(dtype=np.int64))
+    wanted = np.unique(corr_v[~corr_miss])
     rt = np.flatnonzero(is_rt)
     rt = rt[np.isin(corr[rt], wanted)]
     none = np.iinfo(np.int64).min  # a missing id's key (no real id is int64's minimum)
     pid, pid_missing = column_ints(events, "pid")
-    k_pid = kernels["pid"]
-    k_pid = np.where(k_pid.isna().to_numpy(bool), none, k_pid.to_numpy(dtype=np.int64, na_value=0))
-    k_corr = np.where(k_corr.isna().to_numpy(bool), none, k_corr.to_numpy(dtype=np.int64, na_value=0))
+    k_pid_v, k_pid_miss = k["pid"]
+    k_pid = np.where(k_pid_miss, none, k_pid_v)
+    k_corr = np.where(corr_miss, none, corr_v)
     match = first_match((column_ints(events, "rank")[0][rt], np.where(pid_missing[rt], none, pid[rt]), corr[rt]),
-                         (kernels["rank"].to_numpy(np.int64), k_pid, k_corr))
+                         (k["rank"], k_pid, k_corr))
     has = match >= 0
     at = rt[np.maximum(match, 0)] if rt.size else np.zeros(n, np.int64)  # row 0 where none: masked by ``has``
     starts, ends = column_ints(events, "start_ns")[0], column_ints(events, "end_ns")[0]
     tid, tid_missing = column_ints(events, "tid")
     rt_start, rt_end = np.where(has, starts[at], 0), np.where(has, ends[at], 0)
     rt_tid = np.where(has, tid[at], -1)
-    kernels["launch_ns"] = pd.arrays.IntegerArray(np.where(has, rt_start, 1), ~has)
+    k["launch_ns"] = (np.where(has, rt_start, 1), ~has)
     no_tid = ~has | tid_missing[at]
-    kernels["tid"] = pd.arrays.IntegerArray(np.where(no_tid, 1, rt_tid), no_tid).to_numpy()
+    k["tid"] = _as_numpy((np.where(no_tid, 1, rt_tid), no_tid))
     linked: set = set()
     if not has.any() or not span_rows.size:
-        return kernels.drop(columns="correlation"), linked
+        return k, linked
     # innermost host collective span on the launching thread around each launch call
     sp_key = _thread_key({"rank": column_ints(events, "rank")[0][span_rows], "pid": pid[span_rows],
                           "tid": tid[span_rows]})
     sp_start, sp_end = starts[span_rows], ends[span_rows]
     sp_group = texts_at(events, "coll_group", span_rows)
-    seq, seq_missing = column_ints(events, "coll_seq")
-    sp_seq = np.where(seq_missing[span_rows], None, seq[span_rows].astype(object))  # Python ints, None where missing
+    ev_seq, ev_seq_missing = column_ints(events, "coll_seq")
+    sp_seq = np.where(ev_seq_missing[span_rows], None, ev_seq[span_rows].astype(object))  # Python ints, None where missing
     sp_coll = texts_at(events, "coll_name", span_rows)
     sp_labels = events.index[span_rows].to_numpy()
     rows_all = np.flatnonzero(has)
-    ln_key = _thread_key({"rank": kernels["rank"].to_numpy(np.int64)[has],
-                          "pid": kernels["pid"].to_numpy(dtype=np.int64, na_value=-1)[has], "tid": rt_tid[has]})
-    group = kernels["group"].to_numpy(dtype=object).copy()
-    seq = kernels["seq"].to_numpy(dtype=object).copy()
-    coll = kernels["coll_name"].to_numpy(dtype=object).copy()
+    ln_key = _thread_key({"rank": k["rank"][has], "pid": np.where(k_pid_miss, -1, k_pid_v)[has], "tid": rt_tid[has]})
+    group = k["group"].copy()
+    coll = k["coll_name"].copy()
     # what each kernel lacks, tested once (not per thread and level): a filled field takes the
-    # span's value, whose own tests are made once per span. Missing is any missing value: pandas 3
-    # gives numpy an Int64 column's missing values as NaN, and a string column's too once any row
-    # has a string, which an identity test for None / NA took for a value (the kernel kept none,
-    # and a span without one hid its enclosing span's)
+    # span's value, whose own tests are made once per span. Missing is any missing value (None,
+    # NaN, NA): a span without one must not hide its enclosing span's
     g_none = pd.isna(group)
-    q_none = pd.isna(seq)
+    seq = k["seq"].astype(object)  # as the frame gave them: Python floats where any is missing (``_int64_array``)
     c_weak = pd.isna(coll) | _equals(coll, "nccl") | _equals(coll, "comm")
     hs = np.full(n, -1, dtype=np.int64)
     he = np.full(n, -1, dtype=np.int64)
@@ -310,12 +359,12 @@ def _link_launches(events: pd.DataFrame, kernels: pd.DataFrame, span_rows: np.nd
             coll[r[fill]] = s_coll[c[fill]]
             c_weak[r[fill]] = c_weak_s[c[fill]]
             cur = np.where(live, parent[np.maximum(cur, 0)], -1)
-    kernels["group"] = group
-    kernels["seq"] = _int64_array(seq)
-    kernels["coll_name"] = coll
-    kernels["host_start_ns"] = pd.arrays.IntegerArray(np.maximum(hs, 0), hs < 0)
-    kernels["host_end_ns"] = pd.arrays.IntegerArray(np.maximum(he, 0), he < 0)
-    return kernels.drop(columns="correlation"), linked
+    k["group"] = group
+    k["seq"] = _int64_array(seq)
+    k["coll_name"] = coll
+    k["host_start_ns"] = (np.maximum(hs, 0), hs < 0)
+    k["host_end_ns"] = (np.maximum(he, 0), he < 0)
+    return k, linked
 
 
 def _int64_array(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
