@@ -158,6 +158,15 @@ def contains_each(names: pd.Series, patterns: list[str | re.Pattern[str]], as_st
     return [regex_flags(values, codes, _compiled(p), "search", missing=None) for p in patterns]
 
 
+def contains_each_at(values: pd.Series, rows: np.ndarray, patterns: list[str | re.Pattern[str]]) -> list[np.ndarray]:
+    """``contains_each(values.iloc[rows], patterns)`` from the whole column's ``codes`` (kept while
+    the column lives): the rows' strings are neither taken nor factorized again (a rank's host
+    span names, ~2 ms a call, twice a rank)."""
+    c, u = codes(values)
+    at = c[np.asarray(rows, np.int64)]
+    return [regex_flags(u, at, _compiled(p), "search", missing=None) for p in patterns]
+
+
 def _compiled(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
     """The pattern as ``str.contains`` compiles it (no flags)."""
     return pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)

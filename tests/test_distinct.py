@@ -160,3 +160,19 @@ def test_codes_in_is_the_isin_test_of_code_flags(uniques, codes, missing, wanted
     assert code_in(u, c, wanted, missing=missing).tolist() == want.tolist()
     if len(wanted) == 1:
         assert code_in(u, c, next(iter(wanted)), missing=missing).tolist() == want.tolist()
+
+
+@pytest.mark.filterwarnings("ignore:This pattern is interpreted as a regular expression")
+@settings(max_examples=150, deadline=None)
+@given(names, st.lists(st.integers(0, 29), max_size=30), st.booleans())
+def test_contains_each_at_is_contains_each_of_the_rows(items, picks, plain):
+    """The whole column's codes read at the rows give what ``contains_each`` of those rows gives
+    (Arrow strings, and an object column of strings and None; a missing name matches nothing)."""
+    s = _arrow(items) if not plain else pd.Series(items, dtype=object)
+    rows = np.array([p for p in picks if p < len(items)], dtype=np.int64)
+    patterns = [PATTERNS[0], PATTERNS[2], r"EngineCore\.step|execute_model"]
+    got = distinct.contains_each_at(s, rows, patterns)
+    want = distinct.contains_each(s.iloc[rows], patterns)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+        assert g.dtype == bool and g.size == rows.size

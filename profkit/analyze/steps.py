@@ -134,11 +134,11 @@ def find_step_spans(events: pd.DataFrame, step_pattern: str | None = None,
 
 def _step_spans(events: pd.DataFrame, step_pattern: str | None, chosen: tuple[str, bool] | None) -> _Spans | None:
     """``find_step_spans``' rows as arrays (None: no marker found)."""
-    host, names = _host_names(events)
+    host = _host_rows(events)
     for marker in step_markers(step_pattern):
         if chosen is not None and marker.key != chosen[0]:
             continue
-        hit = distinct.contains(names, marker.pattern)
+        hit = distinct.contains_each_at(events["name"], host, [marker.pattern])[0]
         if hit.any():
             return _numbered(events, host[hit], marker.key, None if chosen is None else chosen[1])
         if chosen is not None:
@@ -146,10 +146,9 @@ def _step_spans(events: pd.DataFrame, step_pattern: str | None, chosen: tuple[st
     return None
 
 
-def _host_names(events: pd.DataFrame) -> tuple[np.ndarray, pd.Series]:
-    """Positions of the host span rows (cpu_span, cpu_op) and their names (one column filtered)."""
-    host = np.flatnonzero(distinct.isin(events["kind"], _HOST_SPAN_KINDS))
-    return host, events["name"].iloc[host]
+def _host_rows(events: pd.DataFrame) -> np.ndarray:
+    """Positions of the host span rows (cpu_span, cpu_op)."""
+    return np.flatnonzero(distinct.isin(events["kind"], _HOST_SPAN_KINDS))
 
 
 def _numbered(events: pd.DataFrame, rows: np.ndarray, marker_key: str, numbered: bool | None) -> _Spans:
@@ -207,10 +206,10 @@ def _outermost(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarr
 
 def step_marker_facts(events: pd.DataFrame, step_pattern: str | None = None) -> dict[str, bool]:
     """For each step marker found in ``events`` (one rank's): whether all its spans are numbered."""
-    host, names = _host_names(events)
+    host = _host_rows(events)
     markers = step_markers(step_pattern)
     facts: dict[str, bool] = {}
-    for marker, hit in zip(markers, distinct.contains_each(names, [m.pattern for m in markers])):
+    for marker, hit in zip(markers, distinct.contains_each_at(events["name"], host, [m.pattern for m in markers])):
         if hit.any():  # every outermost span's name ends in "#<number>" (a missing name does not)
             codes, uniques = distinct.codes(events["name"])
             rows = host[hit]
