@@ -453,3 +453,24 @@ def test_one_source_rank_skips_the_counting_with_the_same_table(real, monkeypatc
     two = rank0.assign(source=pd.array(["kineto"] * (len(rank0) - 1) + ["profkit"], dtype=rank0["source"].dtype))
     monkeypatch.undo()
     assert sources._one_rank_one_source(two) is None
+
+
+def test_each_row_aligned_by_its_ranks_fit():
+    """``ranks._aligned`` looks each row's fit up by a search among the fitted ranks: the ends
+    are those of the per-rank spelling (fits by ``np.unique`` of the rows' ranks), on random
+    ranks in any order; a row of a rank without a fit raises KeyError, as a dict look-up did."""
+    from profkit.align import ranks as rk
+
+    rng = np.random.default_rng(3)
+    fits = {r: rk._RankFit(int(rng.integers(-10**9, 10**9)), float(rng.normal() * 50), None, "", 0, r)
+            for r in (0, 3, 7, 12)}
+    obs = pd.DataFrame({"rank": rng.choice([0, 3, 7, 12], 5_000),
+                        "end_ns": rng.integers(10**18, 10**18 + 10**10, 5_000)})
+    present, inverse = np.unique(obs["rank"].to_numpy(), return_inverse=True)
+    off = np.array([fits[r].offset_ns for r in present.tolist()], np.int64)[inverse]
+    drift = np.array([fits[r].drift_ppm for r in present.tolist()], np.float64)[inverse]
+    want = to_reference(obs["end_ns"].to_numpy(np.int64), off, drift, 10**18)
+    np.testing.assert_array_equal(rk._aligned(obs, fits, 10**18), want)
+    assert rk._aligned(obs.iloc[:0], fits, 10**18).size == 0
+    with pytest.raises(KeyError):
+        rk._aligned(pd.DataFrame({"rank": [0, 5], "end_ns": [1, 2]}), fits, 0)

@@ -131,9 +131,19 @@ def _shared(obs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _aligned(obs: pd.DataFrame, fits: dict[int, _RankFit], t0_ns: int) -> np.ndarray:
-    present, inverse = np.unique(obs["rank"].to_numpy(), return_inverse=True)  # each rank's fit looked up once
-    off = np.array([fits[r].offset_ns for r in present.tolist()], dtype=np.int64)[inverse.reshape(-1)]
-    drift = np.array([fits[r].drift_ppm for r in present.tolist()], dtype=np.float64)[inverse.reshape(-1)]
+    """Each row's end on the reference clock, by its rank's fit (a KeyError where a rank has none).
+    The fits are looked up by a search among their few ranks, not by sorting every row's rank
+    (``np.unique`` of ~0.5 M rows at DEP32 x 1,000: ~40 ms a call, several calls a solve)."""
+    rank = obs["rank"].to_numpy(dtype=np.int64)
+    known = np.array(sorted(fits), dtype=np.int64)
+    at = np.minimum(np.searchsorted(known, rank), max(known.size - 1, 0))
+    if rank.size and not (known.size and np.array_equal(known[at], rank)):
+        missing = sorted(set(rank.tolist()) - set(known.tolist()))
+        raise KeyError(missing[0])
+    off = np.array([fits[r].offset_ns for r in known.tolist()], dtype=np.int64)[at] if known.size else \
+        np.zeros(0, np.int64)
+    drift = np.array([fits[r].drift_ppm for r in known.tolist()], dtype=np.float64)[at] if known.size else \
+        np.zeros(0, np.float64)
     return to_reference(obs["end_ns"].to_numpy(dtype=np.int64), off, drift, t0_ns)
 
 
@@ -270,8 +280,9 @@ def _residuals(obs, fits, t0_ns) -> dict[int, tuple[int, int]]:
     rows = obs[obs["rank"].isin(list(fits)).to_numpy()]
     if rows.empty:
         return {}
-    others = _median_excluding_self(rows, _aligned(rows, fits, t0_ns).astype(np.float64))
-    dev = np.abs(_aligned(rows, fits, t0_ns) - others)
+    aligned = _aligned(rows, fits, t0_ns)
+    others = _median_excluding_self(rows, aligned.astype(np.float64))
+    dev = np.abs(aligned - others)
     out = {}
     for r, idx in rows.groupby("rank", sort=True).indices.items():
         f = fits[int(r)]
