@@ -19,7 +19,6 @@ from pandas.testing import assert_frame_equal
 from profkit import schema
 from profkit.collectives import candidates
 from profkit.collectives.candidates import (
-    _KERNEL_COLUMNS,
     KERNEL,
     _equals,
     _identity_columns,
@@ -42,6 +41,10 @@ from profkit.names import COMM_KERNEL_RE
 
 
 # ---- the frame spelling (as it was before the arrays) -------------------------------------------
+_KERNEL_COLUMNS = ("rank", "name", "start_ns", "end_ns", "device", "stream", "pid", "correlation", "coll_name",
+                   "coll_group", "coll_seq")
+
+
 def _comm_kernels_pandas(events: pd.DataFrame) -> pd.DataFrame:
     kind_c, kind_u = column_codes(events, "kind")
     is_kernel = codes_in(kind_u, kind_c, schema.KERNEL)

@@ -155,8 +155,6 @@ def _with_sync_columns(rows: pd.DataFrame, evidence: str) -> pd.DataFrame:
 
 
 _HOST_COLUMNS = HOST_COLUMNS
-_KERNEL_COLUMNS = ("rank", "name", "start_ns", "end_ns", "device", "stream", "pid", "correlation", "coll_name",
-                   "coll_group", "coll_seq")
 
 
 def _take(events: pd.DataFrame, mask: np.ndarray, columns: tuple[str, ...]) -> pd.DataFrame:
