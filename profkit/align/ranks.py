@@ -140,10 +140,8 @@ def _aligned(obs: pd.DataFrame, fits: dict[int, _RankFit], t0_ns: int) -> np.nda
     if rank.size and not (known.size and np.array_equal(known[at], rank)):
         missing = sorted(set(rank.tolist()) - set(known.tolist()))
         raise KeyError(missing[0])
-    off = np.array([fits[r].offset_ns for r in known.tolist()], dtype=np.int64)[at] if known.size else \
-        np.zeros(0, np.int64)
-    drift = np.array([fits[r].drift_ppm for r in known.tolist()], dtype=np.float64)[at] if known.size else \
-        np.zeros(0, np.float64)
+    off = np.array([fits[r].offset_ns for r in known.tolist()], dtype=np.int64)[at]
+    drift = np.array([fits[r].drift_ppm for r in known.tolist()], dtype=np.float64)[at]
     return to_reference(obs["end_ns"].to_numpy(dtype=np.int64), off, drift, t0_ns)
 
 
