@@ -73,7 +73,7 @@ GOAL_DEP256 = (256, 200, 24 * GB)  # ranks, steps, memory of the driver plus eve
 GOAL_X_FLOOR = 2.5  # every cold run's wall time over its floor
 GOAL16_DEP32 = (32, 1000, 30.0, "pool", 2)  # ranks, steps, wall s, executor, workers
 GOAL16_DEP256 = (256, 200, 3 * GB)  # ranks, steps, driver plus every worker's peak
-STAGES = ("read", "prepare", "rank", "finish")
+STAGES = ("read", "prepare", "rank", "finish", "impact")  # first in the tables; any other stage a run has follows
 LINEAR_EXPONENT_MAX = 1.15  # time ~ ranks^a with a at most this counts as linear
 
 
@@ -527,16 +527,67 @@ def goals(runs: list[dict]) -> list[str]:
     return lines
 
 
+def stage_names(runs: list[dict]) -> list[str]:
+    """The stages the runs timed: ``STAGES`` first, then any other (``impact_gpu``, ``replay``) by name."""
+    seen = {st for r in runs if "error" not in r for st in (r.get("stage_cpu_s") or {})}
+    return [st for st in STAGES if st in seen] + sorted(seen - set(STAGES))
+
+
 def stage_table(runs: list[dict]) -> str:
-    head = ("run", *(f"{st} CPU s" for st in STAGES), "tasks CPU s", "driver CPU s", "wall s")
+    stages = stage_names(runs)
+    head = ("run", *(f"{st} CPU s" for st in stages), "tasks CPU s", "driver CPU s", "wall s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         if "error" in r or not r.get("stage_cpu_s"):
             continue
         cpu = r["stage_cpu_s"]
-        cells = [f"DEP{r['ranks']} x {r['steps']}, {r['executor']}, {r['cache']}", *(f"{cpu.get(st, 0):.1f}" for st in STAGES),
+        cells = [f"DEP{r['ranks']} x {r['steps']}, {r['executor']}, {r['cache']}", *(f"{cpu.get(st, 0):.1f}" for st in stages),
                  f"{sum(cpu.values()):.1f}", f"{r.get('driver_cpu_s', 0):.1f}", f"{r['wall_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def line_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``y = a + b x`` through ``points`` (a, b); None with fewer than two distinct x."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - b * mx, b
+
+
+def fixed_costs(runs: list[dict]) -> list[dict]:
+    """Per executor, cache and rank count measured at two step counts or more: each stage's CPU, the
+    driver's CPU and the wall time as ``fixed + per_step x steps`` (``line_fit``), and the fixed
+    part's share at the fewest steps. Why: a short capture's ratio to its floor is set by what a run
+    costs whatever its length (a rank's tables made, stored and read back, each stage's Python and
+    pandas calls, the driver's reduces), which the floor (parsing alone) does not have."""
+    out = []
+    good = [r for r in runs if "error" not in r and r.get("stage_cpu_s")]
+    key = lambda r: (r["executor"], r["cache"], r["ranks"])  # noqa: E731
+    for (executor, cache, ranks), group in itertools.groupby(sorted(good, key=key), key=key):
+        group = sorted(group, key=lambda r: r["steps"])
+        if len({r["steps"] for r in group}) < 2:
+            continue
+        measures = [(st, lambda r, st=st: r["stage_cpu_s"].get(st, 0.0)) for st in stage_names(group)]
+        measures += [("tasks", lambda r: sum(r["stage_cpu_s"].values())), ("driver", lambda r: r.get("driver_cpu_s", 0.0)),
+                     ("wall", lambda r: r["wall_s"])]
+        for name, value in measures:
+            fixed, per_step = line_fit([(r["steps"], value(r)) for r in group])
+            first = value(group[0])
+            out.append({"executor": executor, "cache": cache, "ranks": ranks, "measure": name, "fixed_s": fixed,
+                        "per_100_steps_s": 100 * per_step, "steps": group[0]["steps"], "at_fewest_s": first,
+                        "fixed_share": fixed / first if first > 0 else math.nan})
+    return out
+
+
+def fixed_cost_table(rows: list[dict]) -> str:
+    head = ("runs", "measure", "fixed s", "s per 100 steps", "at fewest steps s", "fixed share there")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append(f"| DEP{r['ranks']}, {r['executor']}, {r['cache']} | {r['measure']} | {r['fixed_s']:.2f} | "
+                     f"{r['per_100_steps_s']:.2f} | {r['at_fewest_s']:.2f} ({r['steps']} steps) | {r['fixed_share']:.0%} |")
     return "\n".join(lines)
 
 
@@ -625,6 +676,11 @@ def report(runs: list[dict], floors: dict[str, list[dict]], header: str, out: Pa
     if any(r.get("stage_cpu_s") for r in runs):
         print("\nWhere the CPU time goes (sum over tasks per stage, and the driver's own; s):\n")
         print(stage_table(runs))
+    fixed = fixed_costs(runs)
+    if fixed:
+        print("\nFixed and per-step cost (a line fixed + per-step x steps through one rank count's runs; negative "
+              "fixed: faster than linear):\n")
+        print(fixed_cost_table(fixed))
     print("\nGoals (issue #9):\n" + "\n".join(goals(runs)))
     print("\nGoals (issue #16, cold runs):\n" + "\n".join(goals16(runs, floor_s)))
     if out is None:

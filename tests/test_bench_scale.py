@@ -51,3 +51,61 @@ def test_idle_benchmark_times_the_drivers_stages_beside_the_cpu_use(tmp_path):
     for stage in ("_read", "prepare_ranks", "plan_stragglers", "finish_stragglers", "_impact"):
         assert f"| {stage} |" in out, out
     assert "idle core-seconds:" in out
+
+
+def _scale_module():
+    import importlib
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module("scale")
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def _run(ranks: int, steps: int, stage_cpu: dict, driver: float, wall: float, executor: str = "pool") -> dict:
+    return {"executor": executor, "cache": "cold", "ranks": ranks, "steps": steps, "stage_cpu_s": stage_cpu,
+            "driver_cpu_s": driver, "wall_s": wall}
+
+
+def test_fixed_costs_split_each_measure_into_a_fixed_and_a_per_step_part():
+    """Runs made of known lines (fixed + per_step x steps): the split gives those lines back, the
+    fixed share at the fewest steps, every stage a run timed (impact and the rarer ones too), and
+    nothing for a rank count measured at one step count only or for a failed run."""
+    scale = _scale_module()
+
+    def stage(fixed, per_step, steps):
+        return fixed + per_step * steps
+
+    runs = [
+        _run(8, steps, {"read": stage(0.0, 0.004, steps), "rank": stage(0.2, 0.002, steps),
+                        "impact": stage(0.05, 0.001, steps), "replay": stage(0.01, 0.0005, steps)},
+             driver=stage(0.3, 0.001, steps), wall=stage(0.5, 0.005, steps))
+        for steps in (100, 400, 1000)
+    ]
+    runs.append(_run(32, 100, {"read": 1.0}, 1.0, 3.0))  # one step count: no line
+    runs.append({**_run(8, 2000, {"read": 99.0}, 99.0, 99.0), "error": "failed"})  # not counted
+    rows = {(r["ranks"], r["measure"]): r for r in scale.fixed_costs(runs)}
+    assert {m for (ranks, m) in rows if ranks == 8} == {"read", "rank", "impact", "replay", "tasks", "driver", "wall"}
+    assert not [k for k in rows if k[0] == 32]
+    expect = {"read": (0.0, 0.4), "rank": (0.2, 0.2), "impact": (0.05, 0.1), "replay": (0.01, 0.05),
+              "tasks": (0.26, 0.75), "driver": (0.3, 0.1), "wall": (0.5, 0.5)}
+    for measure, (fixed, per_100) in expect.items():
+        row = rows[(8, measure)]
+        assert abs(row["fixed_s"] - fixed) < 1e-9, (measure, row)
+        assert abs(row["per_100_steps_s"] - per_100) < 1e-9, (measure, row)
+        assert row["steps"] == 100
+        assert abs(row["fixed_share"] - fixed / (fixed + per_100)) < 1e-9, (measure, row)
+    assert scale.stage_names(runs) == ["read", "rank", "impact", "replay"]  # STAGES' order, then the others
+    table = scale.fixed_cost_table(scale.fixed_costs(runs))
+    assert "| DEP8, pool, cold | wall | 0.50 | 0.50 | 1.00 (100 steps) | 50% |" in table
+    assert scale.line_fit([(100, 1.0)]) is None and scale.line_fit([(1, 1.0), (1, 2.0)]) is None
+
+
+def test_fixed_costs_least_squares_over_noisy_runs():
+    """Three runs off a line: the least-squares line (not the first and last points' chord)."""
+    scale = _scale_module()
+    runs = [_run(8, s, {"read": y}, 0.0, y) for s, y in ((100, 1.0), (200, 2.5), (300, 3.0))]
+    row = next(r for r in scale.fixed_costs(runs) if r["measure"] == "wall")
+    # x mean 200, y mean 6.5/3; slope = (-100 * (1 - 6.5/3) + 0 + 100 * (3 - 6.5/3)) / 20000 = 0.01
+    assert abs(row["per_100_steps_s"] - 1.0) < 1e-9 and abs(row["fixed_s"] - (6.5 / 3 - 2.0)) < 1e-9
