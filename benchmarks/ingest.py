@@ -52,6 +52,15 @@ MB = 1 << 20
 TOOLS = ("profkit", "profkit (warm cache)", "HTA 0.5.0")
 
 
+def reader_note(readers: list[str]) -> str | None:
+    """A warning where no cold run read with profkit's compiled scanner (this Python has no numba):
+    the comparison would then be of the msgspec fallback, about half the scanner's speed."""
+    if not readers or any(r.startswith("scanner") for r in readers):
+        return None
+    return ("(not profkit's compiled scanner: this Python has no numba; `pip install profkit[fast]` for it, "
+            "as the product's setup does)")
+
+
 # ---------------------------------------------------------------- worker (one measurement)
 
 
@@ -425,6 +434,9 @@ def main() -> None:
           f"benchmark took {time.perf_counter() - t_start:.0f} s (driver max RSS {driver_mb:.0f} MB).\n")
     readers = sorted({r["reader"] for by_tool in results.values() for r in by_tool["profkit"] if r.get("reader")})
     print(f"profkit's reader in the cold runs: {', '.join(readers)}.\n")
+    note = reader_note(readers)
+    if note:
+        print(note + "\n")
     print(table(results, datasets, args.repeat))
     print("\nRatios (HTA / profkit; above 1 = profkit faster / smaller):\n")
     print(ratios(results, datasets))
