@@ -463,3 +463,32 @@ def test_a_batch_then_another_waits_for_the_first_and_a_cancelled_one_is_never_s
     with pytest.raises(ScaleError, match="rank 3"):
         _Then(Batch(broken), then).results()
     assert made == []
+
+
+@pytest.mark.parametrize("start, sizes, workers, expect", [
+    ("fork", [600_000, 600_000], None, "pool"),  # 1.2 MB: forked workers pay back
+    ("fork", [300_000, 300_000], None, "serial"),  # 0.6 MB: as fast in this process
+    ("fork", [3 << 20], None, "serial"),  # one file: nothing to spread
+    ("spawn", [8 << 20, 8 << 20], None, "serial"),  # 16 MB: spawned workers import everything first
+    ("spawn", [40 << 20, 40 << 20], None, "pool"),  # 80 MB: that pays back
+    ("spawn", [1000, 1000], 2, "pool"),  # workers asked for: a pool, whatever the size
+])
+def test_default_pool_runs_a_small_capture_in_this_process(tmp_path, monkeypatch, start, sizes, workers, expect):
+    """The default pool's size rule (``run.small_capture_bytes``): in-process below 1 MB of trace
+    files where the workers would fork, below 64 MB where they would spawn, always for one file;
+    a pool whenever workers are given (and then no more processes than files)."""
+    from profkit.scale import run
+
+    for i, size in enumerate(sizes):
+        (tmp_path / f"rank{i}.json").write_bytes(b" " * size)  # only the sizes are read here
+    monkeypatch.setenv(START_ENV, start)
+    files, skipped, _, store, ex = run._setup([tmp_path], "pool", workers, None, None, None, None)
+    try:
+        assert len(files) == len(sizes) and not skipped
+        assert ex.name == expect
+        if expect == "pool":
+            assert ex.workers == min(workers or os.cpu_count() or 1, len(files))
+    finally:
+        ex.close()
+        store.close()
+    assert run.small_capture_bytes() == (run.SMALL_FORKED_CAPTURE_BYTES if start == "fork" else run.SMALL_CAPTURE_BYTES)

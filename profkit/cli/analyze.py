@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_scale_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scale (the per-rank work runs as a map over ranks; same results on every executor)")
     g.add_argument("--workers", type=int, metavar="N",
-                   help="processes of the local pool (default: CPU count; captures under 64 MB run in-process "
-                        "unless this is given)")
+                   help="processes of the local pool (default: CPU count; captures under 1 MB, or 64 MB where "
+                        "the workers would spawn, run in-process unless this is given)")
     g.add_argument("--executor", choices=("serial", "pool", "dask"), default="pool",
                    help="serial (in this process, debugging), pool (local processes, default), dask")
     g.add_argument("--scheduler", metavar="ADDRESS", help="run on this Dask cluster (tcp://host:8786)")

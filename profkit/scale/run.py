@@ -20,10 +20,24 @@ from profkit.analyze.result import Analysis
 from profkit.analyze.store import DiskStore
 from profkit.ingest import readers, scanned
 from profkit.ingest.loader import Capture, RankMap, describe_parts, discover, resolve_ranks
-from profkit.scale.executors import make_executor
+from profkit.scale.executors import make_executor, start_method
 
 
-SMALL_CAPTURE_BYTES = 64 << 20  # below this, the default pool runs in-process (unless --workers is given)
+# below these many bytes of trace files the default pool runs in this process (unless workers are
+# given): ``small_capture_bytes``
+SMALL_CAPTURE_BYTES = 64 << 20  # where the pool's workers would spawn
+SMALL_FORKED_CAPTURE_BYTES = 1 << 20  # where they fork
+
+
+def small_capture_bytes() -> int:
+    """The size below which the default pool runs a capture in this process. Forked workers start in
+    milliseconds with what this process imported (``executors.start_method``) and pay back from
+    about a megabyte of traces (measured side by side, median of 3, this process against 2 forked
+    workers: 0.4-0.6 MB captures of 2-4 ranks even, DEP8 x 10 (1.3 MB) 0.78 -> 0.62 s, a real 4-rank
+    GPU capture (16 MB) 2.37 -> 1.70 s, DEP8 x 100 (12 MB) ~2.1 -> ~1.15 s, DEP32 x 100 (48 MB)
+    ~6.3 -> ~3.3 s); spawned ones import pandas and the analysis again first (~0.8 s before the
+    first task on 2 cores), which only a larger capture pays back."""
+    return SMALL_FORKED_CAPTURE_BYTES if start_method() == "fork" else SMALL_CAPTURE_BYTES
 
 
 def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say, step_pattern: str | None = None
@@ -65,7 +79,7 @@ def _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch):
     rank_map = rank_map or RankMap()
     files, skipped = discover(paths)
     if executor == "pool" and not (scheduler or dask_local):
-        small = sum(f.stat().st_size for f in files) < SMALL_CAPTURE_BYTES
+        small = sum(f.stat().st_size for f in files) < small_capture_bytes()
         if len(files) < 2 or (workers is None and small):
             executor = "serial"  # starting worker processes would cost more than they save
         workers = max(1, min(workers or os.cpu_count() or 1, len(files)))  # no more processes than files
