@@ -34,8 +34,8 @@ def small_capture_bytes() -> int:
     milliseconds with what this process imported (``executors.start_method``) and pay back from
     about a megabyte of traces (measured side by side, median of 3, this process against 2 forked
     workers: 0.4-0.6 MB captures of 2-4 ranks even, DEP8 x 10 (1.3 MB) 0.78 -> 0.62 s, a real 4-rank
-    GPU capture (16 MB) 2.37 -> 1.70 s, DEP8 x 100 (12 MB) ~2.1 -> ~1.15 s, DEP32 x 100 (48 MB)
-    ~6.3 -> ~3.3 s); spawned ones import pandas and the analysis again first (~0.8 s before the
+    GPU capture (16 MB) 2.37 -> 1.70 s, DEP8 x 100 (12 MB) 1.36 -> 1.08 s, DEP32 x 100 (48 MB)
+    5.68 -> 3.78 s); spawned ones import pandas and the analysis again first (~0.8 s before the
     first task on 2 cores), which only a larger capture pays back."""
     return SMALL_FORKED_CAPTURE_BYTES if start_method() == "fork" else SMALL_CAPTURE_BYTES
 
