@@ -33,10 +33,10 @@ def small_capture_bytes() -> int:
     """The size below which the default pool runs a capture in this process. Forked workers start in
     milliseconds with what this process imported (``executors.start_method``) and pay back from
     about a megabyte of traces (measured side by side, median of 3, this process against 2 forked
-    workers: 0.4-0.6 MB captures of 2-4 ranks even, DEP8 x 10 (1.3 MB) 0.78 -> 0.62 s, a real 4-rank
-    GPU capture (16 MB) 2.37 -> 1.70 s, DEP8 x 100 (12 MB) 1.36 -> 1.08 s, DEP32 x 100 (48 MB)
-    5.68 -> 3.78 s); spawned ones import pandas and the analysis again first (~0.8 s before the
-    first task on 2 cores), which only a larger capture pays back."""
+    workers: 0.3-0.6 MB captures of 2-4 ranks even or 0.04 s slower, DEP8 x 10 (1.3 MB) 0.78 ->
+    0.62 s, a real 4-rank GPU capture (16 MB) 2.37 -> 1.70 s, DEP8 x 100 (12 MB) 1.36 -> 1.08 s,
+    DEP32 x 100 (48 MB) 5.68 -> 3.78 s); spawned ones import pandas and the analysis again first
+    (~0.8 s before the first task on 2 cores), which only a larger capture pays back."""
     return SMALL_FORKED_CAPTURE_BYTES if start_method() == "fork" else SMALL_CAPTURE_BYTES
 
 
