@@ -109,4 +109,3 @@ def test_fixed_costs_least_squares_over_noisy_runs():
     row = next(r for r in scale.fixed_costs(runs) if r["measure"] == "wall")
     # x mean 200, y mean 6.5/3; slope = (-100 * (1 - 6.5/3) + 0 + 100 * (3 - 6.5/3)) / 20000 = 0.01
     assert abs(row["per_100_steps_s"] - 1.0) < 1e-9 and abs(row["fixed_s"] - (6.5 / 3 - 2.0)) < 1e-9
-

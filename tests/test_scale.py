@@ -480,7 +480,8 @@ def test_default_pool_runs_a_small_capture_in_this_process(tmp_path, monkeypatch
     from profkit.scale import run
 
     for i, size in enumerate(sizes):
-        (tmp_path / f"rank{i}.json").write_bytes(b" " * size)  # only the sizes are read here
+        with open(tmp_path / f"rank{i}.json", "wb") as f:  # only the sizes are read here: sparse files
+            f.truncate(size)
     monkeypatch.setenv(START_ENV, start)
     files, skipped, _, store, ex = run._setup([tmp_path], "pool", workers, None, None, None, None)
     try:
