@@ -426,14 +426,20 @@ def _series(run: dict) -> tuple[str, str]:
     return run["executor"], run["cache"]
 
 
-def exponent(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of log(time) on log(size): 1.0 = linear."""
-    points = [(x, y) for x, y in points if x > 0 and y > 0]
+def line_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``y = a + b x`` through ``points`` (a, b); None with fewer than two distinct x."""
     if len({x for x, _ in points}) < 2:
         return None
-    lx, ly = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
-    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - b * mx, b
+
+
+def exponent(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of log(time) on log(size) (``line_fit``): 1.0 = linear."""
+    fit = line_fit([(math.log(x), math.log(y)) for x, y in points if x > 0 and y > 0])
+    return None if fit is None else fit[1]
 
 
 def exponents(runs: list[dict]) -> list[dict]:
@@ -545,16 +551,6 @@ def stage_table(runs: list[dict]) -> str:
                  f"{sum(cpu.values()):.1f}", f"{r.get('driver_cpu_s', 0):.1f}", f"{r['wall_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def line_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least-squares ``y = a + b x`` through ``points`` (a, b); None with fewer than two distinct x."""
-    if len({x for x, _ in points}) < 2:
-        return None
-    mx = sum(x for x, _ in points) / len(points)
-    my = sum(y for _, y in points) / len(points)
-    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
-    return my - b * mx, b
 
 
 def fixed_costs(runs: list[dict]) -> list[dict]:
