@@ -143,15 +143,23 @@ def _mask(n: int, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _with_sync_columns(rows: pd.DataFrame, evidence: str) -> pd.DataFrame:
+def _sync_columns(start: np.ndarray, end: np.ndarray, host_start: np.ndarray, host_missing: np.ndarray,
+                  coll: np.ndarray, evidence: str) -> dict:
     """GPU collectives in the sync-point vocabulary: the rank arrives when its kernel starts (its
-    launch, for a launch span) and is released when it ends; the host span is the launch's."""
+    launch, for a launch span) and is released when it ends; the host span is the launch's (the
+    start where there is none)."""
+    return {"arrive_ns": start, "exit_ns": end, "span_start_ns": np.where(host_missing, start, host_start),
+            "span_name": None, "evidence": evidence, "wait_name": coll}
+
+
+def _with_sync_columns(rows: pd.DataFrame, evidence: str) -> pd.DataFrame:
+    """``rows`` (a frame of candidates) with the ``_sync_columns``."""
     if not len(rows):
         return rows
     host = rows["host_start_ns"].astype("Int64")
-    return rows.assign(arrive_ns=rows["start_ns"].to_numpy(np.int64), exit_ns=rows["end_ns"].to_numpy(np.int64),
-                       span_start_ns=host.fillna(rows["start_ns"].astype("Int64")).to_numpy(np.int64),
-                       span_name=None, evidence=evidence, wait_name=rows["coll_name"].to_numpy(dtype=object))
+    return rows.assign(**_sync_columns(rows["start_ns"].to_numpy(np.int64), rows["end_ns"].to_numpy(np.int64),
+                                       host.to_numpy(np.int64, na_value=0), host.isna().to_numpy(bool),
+                                       rows["coll_name"].to_numpy(dtype=object), evidence))
 
 
 _HOST_COLUMNS = HOST_COLUMNS
@@ -209,8 +217,8 @@ def _as_numpy(ints: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
 
 
 def _kernel_frame(k: dict) -> pd.DataFrame:
-    """The kernels' candidate rows in the sync-point vocabulary (as ``_with_sync_columns`` of a
-    frame of their columns), made at once; the empty frame where there are none."""
+    """The kernels' candidate rows in the sync-point vocabulary (``_sync_columns``), made at once
+    from their columns; the empty frame where there are none."""
     n = len(k["rank"])
     if not n:
         return pd.DataFrame()
@@ -227,8 +235,7 @@ def _kernel_frame(k: dict) -> pd.DataFrame:
         "launch_ns": pd.arrays.IntegerArray(launch, launch_missing),
         "host_start_ns": pd.arrays.IntegerArray(hs, hs_missing),
         "host_end_ns": pd.arrays.IntegerArray(he, he_missing),
-        "arrive_ns": start, "exit_ns": end, "span_start_ns": np.where(hs_missing, start, hs),
-        "span_name": None, "evidence": COLLECTIVE_KERNEL, "wait_name": k["coll_name"],
+        **_sync_columns(start, end, hs, hs_missing, k["coll_name"], COLLECTIVE_KERNEL),
     })
 
 
