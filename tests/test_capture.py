@@ -312,10 +312,12 @@ def test_killed_rank_is_marked_and_the_others_stay_complete(tmp_path):
             proc.kill()
     assert proc.returncode != 0 and processes_of(out) == []
     m = manifest(out)
-    assert m["incomplete_ranks"] == [1] and m["failed_ranks"] == [1]
     ranks = {r["rank"]: r for r in m["ranks"]}
-    assert "without running Python's exit" in ranks[1]["problems"][0]
-    assert ranks[0]["complete"] and ranks[2]["complete"]
+    # the whole manifest's ranks on failure: this test failed twice in full-suite runs on the loaded
+    # 2-core VM (2026-12-04) and passed alone every time; the next failure should say which rank did what
+    assert m["incomplete_ranks"] == [1] and m["failed_ranks"] == [1], (m["incomplete_ranks"], m["failed_ranks"], ranks)
+    assert "without running Python's exit" in ranks[1]["problems"][0], ranks[1]
+    assert ranks[0]["complete"] and ranks[2]["complete"], ranks
     from profkit.analyze.capture import load
 
     cap = load(out)
