@@ -146,21 +146,25 @@ def test_truth_lists_exact_steps(faulty):
 @pytest.mark.parametrize("kind,rank,start", FAULTS, ids=[f[0] for f in FAULTS])
 def test_fault_visible_in_step_times(clean, faulty, kind, rank, start):
     """The fault shows in its phase, the faulty rank's step holds the whole fault on top of at
-    least half its fastest clean step, and the other ranks wait for it at the next collective."""
+    least a quarter of its fastest clean step, and the other ranks wait for it at the next collective."""
     clean_t, _ = clean
     timings, truth, _ = faulty
     steps = next(c["steps"] for c in truth["causes"] if c["kind"] == kind)
     # the fastest fault-free step of this rank in either run: a floor for the step's own work that
     # CPU contention on a shared 2-core machine cannot push up (a median can be inflated, and so can
     # every step of one run when the machine was busier then: a full suite run saw the clean run's
-    # fastest step at 37 ms and a faulty step's own work at 16 ms beside the 50 ms fault)
+    # fastest step at 37 ms and a faulty step's own work at 16 ms beside the 50 ms fault). A clean
+    # step also holds the rank's waits for its peers at the collectives, which the faulty rank (the
+    # one waited for) does not pay: a loaded full-suite run saw a faulty sleep step's own work at
+    # 13.5 ms against a fastest clean step of 27.8 ms (0.49 of it). A quarter of the floor still
+    # tells a step that holds the fault on top of its work from one that overlaps them (~0 ms more)
     floor = min(r["step_ns"] for r in [*clean_t[rank], *(t for t in timings[rank] if not t.get("faults"))])
     ns = MS * 1e6
     for step in steps:
         rec = timings[rank][step]
         (event,) = [e for e in rec["faults"] if e["kind"] == kind]
         assert event["measured_ns"] >= (0.5 if kind == "gc" else 0.95) * ns  # gc: calibrated, not exact
-        assert rec["step_ns"] >= event["measured_ns"] + 0.5 * floor, (step, rec["step_ns"], floor)
+        assert rec["step_ns"] >= event["measured_ns"] + 0.25 * floor, (step, rec["step_ns"], floor)
         phases = rec["phase_ns"]
         if kind == "sleep":  # unannotated time inside the step
             gap = phases["EngineCore.step"] - sum(phases.get(k, 0) for k in TOP_LEVEL)
