@@ -6,8 +6,8 @@ takes, masks over a rank's 10^5-10^6 events). glibc serves every block above its
 ``munmap`` when freed, so each such array pays its page faults again, and the heap's free top is
 trimmed back to the OS as soon as it passes the trim threshold. With both thresholds raised, a
 freed block is reused by the next array of the rank or of the next rank. Measured side by side on
-DEP32 x 1,000 (``benchmarks/scale.py``, README "Issue #16's thirteenth round"): the workers' CPU
-52.9 -> 48.5 s (8%), the wall time 37.9 -> 36.2 s; small captures unchanged.
+DEP32 x 1,000 (``benchmarks/scale.py``; ``benchmarks/HISTORY.md``, "Issue #16's thirteenth
+round"): the workers' CPU 52.9 -> 48.5 s (8%), the wall time 37.9 -> 36.2 s; small captures unchanged.
 
 What it costs: a process keeps its peak heap until it ends (or calls ``malloc_trim``), so a
 worker's peak memory is unchanged but held while it waits for its next task. Applied only to the
