@@ -72,8 +72,8 @@ def test_bad_inputs_are_named_and_others_still_analyzed(shared_traces, tmp_path,
     rc = main(["analyze", str(good), str(bad), "-o", str(out)])
     captured = capsys.readouterr()
     assert rc == 0
-    err_lines = [l for l in captured.err.splitlines() if l.startswith("profkit: skipped")]
-    named = {name: [l for l in err_lines if name in l] for name in
+    err_lines = [line for line in captured.err.splitlines() if line.startswith("profkit: skipped")]
+    named = {name: [line for line in err_lines if name in line] for name in
              ("truncated.json.gz", "invalid.json", "empty.json", "weird.sqlite", "notnsys.sqlite", "dup_rank1.json.gz")}
     for name, lines in named.items():
         assert len(lines) == 1, (name, err_lines)

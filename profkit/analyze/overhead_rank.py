@@ -199,7 +199,6 @@ def attribute_rank(ea: EventArrays, rank: int, ws: np.ndarray, we: np.ndarray, s
     table held none: every instant of the windows is idle, no communication kernel runs)."""
     a, b = ea.rank_bounds.get(rank, (0, 0))
     r = slice(a, b)
-    starts, ends, names, threads = ea.start[r], ea.end[r], ea.name[r], ea.thread[r]
     if gpu:
         state_s, state_e, state = _idle_for_attribution(ea, r, ws, we)
     else:  # ``_idle_for_attribution`` without GPU rows: the windows, merged, all idle

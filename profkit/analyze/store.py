@@ -37,7 +37,7 @@ def _column_kind(dtype) -> str:
     else ``native`` (through pandas' own metadata: categoricals, dates, anything rarer)."""
     if isinstance(dtype, pd.ArrowDtype):
         return "arrow"
-    if dtype == object:
+    if isinstance(dtype, np.dtype) and dtype.kind == "O":
         return "object"
     if isinstance(dtype, np.dtype):
         return f"numpy:{dtype.str}" if dtype.kind in "iufb" else "native"

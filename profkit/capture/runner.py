@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import MANIFEST, STATUS_DIR
+from . import STATUS_DIR
 from . import manifest as mf
 from . import nsys as nsys_post
 from . import pyspy as pyspy_post

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from .annotate import Spans
 from .config import SPAN_EXECUTE, EngineConfig
-from .core import Profiling, _build_worker, _freeze_gc, _setup_process, _write_info, timings_path
+from .core import _build_worker, _freeze_gc, _setup_process, _write_info, timings_path
 from .faults import FaultRuntime
 from .scheduler import SchedulerOutput
 from .truth import read_timings

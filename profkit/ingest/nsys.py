@@ -121,7 +121,7 @@ def _process_facts(db: NsysDb, pids: list[int]) -> dict[int, ProcessFacts]:
     if not pids:
         return facts
     if db.has("PROCESSES", "pid", "name"):
-        for pid, name in db.scalar_rows(f'SELECT "pid", substr(CAST("name" AS TEXT), 1, 256) FROM "PROCESSES"'):
+        for pid, name in db.scalar_rows('SELECT "pid", substr(CAST("name" AS TEXT), 1, 256) FROM "PROCESSES"'):
             if isinstance(pid, int) and pid in facts and name:
                 facts[pid].process_name = name
     if db.has("ThreadNames", "nameId", "globalTid") and db.has("StringIds", "id", "value"):
