@@ -446,11 +446,11 @@ def test_a_build_that_fails_is_remembered_and_the_jit_serves(monkeypatch, tmp_pa
 
 
 def test_the_built_module_is_named_for_both_sources(monkeypatch, tmp_path):
-    """The scanner compiles in ``scanned``'s layout constants: a change to either file names a new
+    """The scanner compiles in ``scanlayout``'s constants: a change to either file names a new
     module (built again), never a stale one with the old layout."""
     from profkit.ingest import scanbuild
 
-    scan, layout = tmp_path / "jsonscan.py", tmp_path / "scanned.py"
+    scan, layout = tmp_path / "jsonscan.py", tmp_path / "scanlayout.py"
     scan.write_text("scanner")
     layout.write_text("C_PID = 8")
     monkeypatch.setattr(scanbuild, "_SOURCES", (scan, layout))
@@ -461,6 +461,23 @@ def test_the_built_module_is_named_for_both_sources(monkeypatch, tmp_path):
         names.append(scanbuild._name())
     scanbuild._name.cache_clear()
     assert names[0] != names[1] and all(name.startswith("_profkit_jsonscan_") for name in names)
+
+
+def test_the_built_module_is_named_for_every_profkit_module_the_scanner_imports():
+    """Whatever of profkit the scanner's source imports is compiled into the built module with it
+    (its layout constants): each such module's file must name the module (``scanbuild._SOURCES``),
+    or a change to it would leave a stale build in use."""
+    import ast
+    import importlib.util
+
+    from profkit.ingest import scanbuild
+
+    tree = ast.parse(scanbuild._SOURCES[0].read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("profkit")}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name.startswith("profkit")}
+    assert imported, "the scanner reads its layout from a profkit module"
+    files = {Path(importlib.util.find_spec(m).origin).resolve() for m in imported}
+    assert files <= {Path(p).resolve() for p in scanbuild._SOURCES}, (imported, scanbuild._SOURCES)
 
 
 def test_a_large_json_trace_builds_the_scanner_first_and_says_so(monkeypatch, tmp_path):

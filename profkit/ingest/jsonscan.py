@@ -36,11 +36,11 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
-from profkit.ingest.scanned import (C_CAT_E, C_CAT_S, C_CORR, C_DEV, C_DUR_E, C_DUR_S, C_EV_E, C_EV_S, C_FLAGS,
-                                    C_NAME_E, C_NAME_S, C_PID, C_STREAM, C_TID, C_TS_E, C_TS_S, DEFER,
-                                    F_CORR_NULL, F_DEV_NULL, F_DUR_SLOW, F_PID_NULL, F_RARE, F_STREAM_NULL,
-                                    F_TID_NULL, F_TS_SLOW, N_COLL_ARGS, OK, V_INT, V_MISSING,
-                                    V_NULL, V_ODD, V_STRING, MAX_DEPTH)
+from profkit.ingest.scanlayout import (C_CAT_E, C_CAT_S, C_CORR, C_DEV, C_DUR_E, C_DUR_S, C_EV_E, C_EV_S,
+                                       C_FLAGS, C_NAME_E, C_NAME_S, C_PID, C_STREAM, C_TID, C_TS_E, C_TS_S, DEFER,
+                                       F_CORR_NULL, F_DEV_NULL, F_DUR_SLOW, F_PID_NULL, F_RARE, F_STREAM_NULL,
+                                       F_TID_NULL, F_TS_SLOW, MAX_DEPTH, N_COLL_ARGS, OK, V_INT, V_MISSING,
+                                       V_NULL, V_ODD, V_STRING)
 
 _POW10 = np.array([10.0 ** k for k in range(23)])  # exact doubles 1e0 .. 1e22
 _TWO53 = 1 << 53

@@ -11,7 +11,7 @@ compiler, or if ``numba.pycc`` is gone from a future numba, the build fails once
 marker file) and the JIT scanner is used instead.
 
 The module is named for the scanner's source, numba and Python (``_name()``): a changed
-``jsonscan.py`` (or ``scanned.py``, whose layout constants it compiles in) builds a new one. It lives beside this file (``__pycache__``) when that is
+``jsonscan.py`` (or ``scanlayout.py``, whose layout constants it compiles in) builds a new one. It lives beside this file (``__pycache__``) when that is
 writable, else in ``~/.cache/profkit/native``; ``PROFKIT_NATIVE_DIR`` picks another folder.
 ``python -m profkit.ingest.scanbuild`` builds it at once; ``python -m profkit.analyze.impact_replay``
 builds the impact replay's kernel the same way.
@@ -27,7 +27,7 @@ from profkit import native
 from profkit.native import DIR_ENV  # noqa: F401 - read as scanbuild.DIR_ENV
 
 # the scanner's source, and the module whose layout constants (C_*, F_*, V_*...) it compiles in
-_SOURCES = (Path(__file__).with_name("jsonscan.py"), Path(__file__).with_name("scanned.py"))
+_SOURCES = (Path(__file__).with_name("jsonscan.py"), Path(__file__).with_name("scanlayout.py"))
 # the exported functions' signatures: see jsonscan (arrays made by scanned.new_outputs and _strings)
 SIGNATURES = {
     "scan_piece": "UniTuple(i8, 5)(u1[::1], i8, i8, i8[:, ::1], f8[:, ::1], i8[:, ::1], i8[:, ::1], u1[::1])",

@@ -32,6 +32,13 @@ import pyarrow.compute as pc
 
 from profkit.ingest.jsonio import EVENT_CUT
 from profkit.ingest.typedjson import decode_piece
+# the scanner's output layout (read here as scanned.X too, by the reader and the tests)
+from profkit.ingest.scanlayout import (  # noqa: F401
+    OK, DEFER, C_CAT_S, C_CAT_E, C_NAME_S, C_NAME_E, C_TS_S, C_TS_E, C_DUR_S, C_DUR_E, C_PID, C_TID, C_CORR,
+    C_DEV, C_STREAM, C_EV_S, C_EV_E, C_FLAGS, N_INT_COLUMNS, F_PID_NULL, F_TID_NULL, F_CORR_NULL, F_DEV_NULL,
+    F_STREAM_NULL, F_TS_SLOW, F_DUR_SLOW, F_RARE, N_COLL_ARGS, A_COLL, A_BYTES, A_GROUP, A_SEQ, A_SEQNUM,
+    A_NELEMS, A_DTYPE, V_MISSING, V_NULL, V_STRING, V_INT, V_ODD, MAX_DEPTH,
+)
 
 NO_JIT_ENV = "PROFKIT_NO_JIT"  # set (any value): no compiled code, here as in the impact replay
 MIN_FILE_BYTES = 8 << 20  # on disk (gzip or not): see the module docstring
@@ -46,18 +53,6 @@ LARGE_CHUNK_BYTES = 8 << 20
 LARGE_FILE_BYTES = 8 << 20
 US_LIMIT = 4.0e15  # as traceevents.US_LIMIT: rows outside are dropped with a warning there, so defer
 
-# The scanner's output (``jsonscan.scan_piece``): its status, and one int64 column per field of a row
-# (in ``ints``) with flag bits for null ids and numbers left to Arrow's parse.
-OK, DEFER = 0, 1
-(C_CAT_S, C_CAT_E, C_NAME_S, C_NAME_E, C_TS_S, C_TS_E, C_DUR_S, C_DUR_E, C_PID, C_TID, C_CORR, C_DEV, C_STREAM,
- C_EV_S, C_EV_E, C_FLAGS, N_INT_COLUMNS) = range(17)
-F_PID_NULL, F_TID_NULL, F_CORR_NULL, F_DEV_NULL, F_STREAM_NULL, F_TS_SLOW, F_DUR_SLOW, F_RARE = (
-    1, 2, 4, 8, 16, 32, 64, 128)
-# a collective arg of a RARE row (``jsonscan.ARG_KEYS[3:]``, in this order): its kind
-N_COLL_ARGS = 7
-A_COLL, A_BYTES, A_GROUP, A_SEQ, A_SEQNUM, A_NELEMS, A_DTYPE = range(N_COLL_ARGS)
-V_MISSING, V_NULL, V_STRING, V_INT, V_ODD = range(5)
-MAX_DEPTH = 64  # values nested deeper: the element is declined (the decoders' own limits decide)
 ROW_BYTES = 96  # the least JSON per row the output arrays make room for (``new_outputs``)
 
 
