@@ -292,3 +292,67 @@ def test_small_tables_are_stored_as_they_are_and_large_ones_compressed(tmp_path)
     small, large = (disk._path(k).stat().st_size for k in ("small", "large"))
     assert small >= rows // 4 * 8  # the bytes as they are
     assert large < rows * 2 * 8 // 20  # zeros: lz4 makes them a small fraction
+
+
+CAPTURE = REPO / "sample_traces/engine-dep4-h200-capture/torch_faults"  # a profkit capture: spans + torch per rank
+
+
+def test_a_rank_of_two_files_is_prepared_once_after_its_parts_are_joined(monkeypatch):
+    """A profkit capture writes each rank a span file and a torch trace; each names its rank, but
+    the rank's events are both. The read tasks prepare neither file as the rank (that prepare
+    would be thrown away: the prepare stage joins the parts and prepares the rank again); a file
+    whose rank has no other file read is still prepared in its read task. The tables are the same
+    either way (every output: ``tests/test_analyze_golden.py``)."""
+    from profkit.ingest.manifest import manifest_facts
+    from profkit.scale import analyze_paths
+
+    files = sorted([*CAPTURE.glob("spans-pid*.jsonl"), *(CAPTURE / "torch").glob("*.pt.trace.json.gz")])
+    assert len(files) == 8
+    facts = manifest_facts(files)
+    assert facts.files_of_shared_ranks(files) == {p.resolve() for p in files}
+    torch_only = [p for p in files if p.parent.name == "torch"]
+    assert facts.files_of_shared_ranks(torch_only) == set()  # read alone, each trace is its rank
+
+    monkeypatch.setenv("PROFKIT_CACHE", "0")
+    prepared: list[int] = []
+    real = stages._prepare_events
+
+    def counted(rank, *args, **kwargs):
+        prepared.append(rank)
+        return real(rank, *args, **kwargs)
+
+    monkeypatch.setattr(stages, "_prepare_events", counted)
+    whole = analyze_paths([CAPTURE], executor="serial")
+    assert sorted(prepared) == [0, 1, 2, 3], prepared  # once a rank (12 before: each file, then the rank)
+    prepared.clear()
+    alone = analyze_paths([CAPTURE / "torch"], executor="serial")
+    assert sorted(prepared) == [0, 1, 2, 3], prepared  # in the read tasks, adopted
+    assert whole.ranks["rank"].tolist() == alone.ranks["rank"].tolist() == [0, 1, 2, 3]
+
+
+def test_files_of_shared_ranks_reads_each_manifest_s_ranks_on_their_own(tmp_path):
+    """The same rank number in two captures is two ranks; a rank's files count only where they are
+    read; a manifest that is not profkit's, or a rank without files, gives none."""
+    import json
+
+    from profkit.ingest.manifest import manifest_facts
+
+    def capture(name: str, ranks: dict[int, list[str]]) -> list[Path]:
+        folder = tmp_path / name
+        paths = []
+        for files in ranks.values():
+            for f in files:
+                (folder / f).parent.mkdir(parents=True, exist_ok=True)
+                (folder / f).write_text("{}")
+                paths.append(folder / f)
+        doc = {"profkit_capture": 1, "ranks": [{"rank": r, "pids": [], "files": f} for r, f in ranks.items()]}
+        (folder / "manifest.json").write_text(json.dumps(doc))
+        return paths
+
+    a = capture("a", {0: ["spans-pid1.jsonl", "torch/rank0.pt.trace.json.gz"], 1: ["spans-pid2.jsonl"]})
+    b = capture("b", {0: ["spans-pid3.jsonl"]})
+    facts = manifest_facts([*a, *b])
+    assert facts.files_of_shared_ranks([*a, *b]) == {a[0].resolve(), a[1].resolve()}
+    assert facts.files_of_shared_ranks([a[0], a[2], *b]) == set()  # rank 0's trace not read
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps({"ranks": [{"rank": 0, "files": ["spans-pid3.jsonl"]}]}))
+    assert manifest_facts(b).rank_files == {}  # not a profkit capture's manifest

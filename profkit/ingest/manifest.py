@@ -27,6 +27,9 @@ class ManifestFacts:
     unranked: dict[int, str | None] = field(default_factory=dict)  # pid -> role (None if unknown)
     manifests: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # (manifest, rank) -> the files the capture wrote for the rank (span files, torch traces, the
+    # nsys report it shares with the others), resolved
+    rank_files: dict[tuple[str, int], set[Path]] = field(default_factory=dict)
 
     def merge(self, path: Path) -> None:
         try:
@@ -43,9 +46,25 @@ class ManifestFacts:
             for pid in rank.get("pids") or []:
                 if isinstance(pid, int):
                     self.rank_of_pid[pid] = int(rank["rank"])
+            files = {(path.parent / f).resolve() for f in rank.get("files") or [] if isinstance(f, str)}
+            if files:
+                self.rank_files.setdefault((str(path), int(rank["rank"])), set()).update(files)
         for proc in doc.get("unranked_processes") or []:
             if isinstance(proc, dict) and isinstance(proc.get("pid"), int):
                 self.unranked[int(proc["pid"])] = proc.get("role")
+
+
+    def files_of_shared_ranks(self, paths: Iterable[str | Path]) -> set[Path]:
+        """Of ``paths``, those whose rank has another of them among its files (resolved): a rank whose
+        events come from more than one file, e.g. a capture's span file and torch trace, is
+        prepared once its parts are joined, not each file alone as the rank (``stages.read_file_task``)."""
+        read = {Path(p).resolve() for p in paths}
+        out: set[Path] = set()
+        for files in self.rank_files.values():
+            mine = files & read
+            if len(mine) > 1:
+                out |= mine
+        return out
 
 
 def manifest_facts(paths: Iterable[str | Path]) -> ManifestFacts:

@@ -44,11 +44,19 @@ def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say, step_
           ) -> tuple[Capture, dict[int, list[str]], list, dict]:
     """Map over files: read each (cache), resolve ranks over the part descriptors. Returns the capture
     without events, each rank's part keys, the tasks' stats and the parts the read tasks prepared."""
+    from profkit.ingest.manifest import manifest_facts
+
     scanned.build_for(files, say)  # here, once, before the workers start
     readers.preload(files)  # forked workers inherit them
+    facts = manifest_facts(files)
+    # a file of one part is prepared in its read task as the rank it names, unless the capture's
+    # manifest gives that rank another of these files (its span file beside its torch trace): the
+    # rank is prepared once its parts are joined then, and a read task's prepare would be thrown away
+    joined = facts.files_of_shared_ranks(files)
     say(f"reading {len(files)} file(s) on {ex.name} ({ex.workers} worker(s))")
     read = ex.map(stages.read_file_task,
-                  [(i, str(f), rank_map.pids_for_file(f) or None, store, step_pattern, True) for i, f in enumerate(files)],
+                  [(i, str(f), rank_map.pids_for_file(f) or None, store, step_pattern, f.resolve() not in joined)
+                   for i, f in enumerate(files)],
                   [f"file {f}" for f in files])
     parts, prepared = [], {}
     for r in read:
@@ -57,10 +65,8 @@ def _read(files: list[Path], skipped: list[str], rank_map, store, ex, say, step_
         if r.skipped:
             skipped.append(r.skipped)
         parts.extend(r.parts)
-    from profkit.ingest.manifest import manifest_facts
-
     unranked: list[dict] = []
-    kept, warnings = resolve_ranks(parts, rank_map, skipped, manifest_facts(files), unranked)
+    kept, warnings = resolve_ranks(parts, rank_map, skipped, facts, unranked)
     for p in parts:
         if p not in kept:
             store.drop(p.store_key)
