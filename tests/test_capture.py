@@ -297,7 +297,7 @@ def test_sigint_stops_everything_and_keeps_data(tmp_path):
     assert (cap.steps().groupby("rank").size() >= 5).all()
 
 
-def test_killed_rank_is_marked_and_the_others_stay_complete(tmp_path):
+def test_killed_rank_is_marked_and_the_others_stay_readable(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "kill"
     proc = subprocess.Popen(capture_cmd(out, cmd=[*ENGINE, "--ranks", "3", "--steps", "100000", "--out",

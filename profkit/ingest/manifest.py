@@ -53,7 +53,6 @@ class ManifestFacts:
             if isinstance(proc, dict) and isinstance(proc.get("pid"), int):
                 self.unranked[int(proc["pid"])] = proc.get("role")
 
-
     def files_of_shared_ranks(self, paths: Iterable[str | Path]) -> set[Path]:
         """Of ``paths``, those whose rank has another of them among its files (resolved): a rank whose
         events come from more than one file, e.g. a capture's span file and torch trace, is
