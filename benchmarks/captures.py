@@ -1,0 +1,141 @@
+"""How long ``profkit analyze`` takes on real captures, against the floor of their Kineto traces;
+and, given another checkout (``--baseline``), the same captures with its code, side by side.
+
+Why: ``benchmarks/scale.py`` measures simulated captures, one file per rank. The captures users
+bring are real and shaped otherwise: a ``profkit capture`` folder gives each rank a span file
+beside its torch trace (or nsys report), a vLLM one has processes that are no rank. Small ones
+are all fixed cost, and a change aimed at the simulated grid can miss them, or slow them.
+
+Each run is a fresh interpreter with a fresh parsed-trace cache (cold), timing
+``profkit.scale.analyze_paths`` on the default executor (imports not timed), CPU time included
+(the process and its pool's workers). The floor is ``benchmarks/scale.py``'s: the fastest
+gunzip + orjson parse of the capture's ``*.json.gz`` traces (whole, or in pieces on one process
+or two; span files and nsys reports not counted; "n/a" without any). With ``--baseline`` the runs
+alternate, this checkout's then the other's, so both see the same machine.
+
+    python benchmarks/captures.py                               # the torch and nsys captures in sample_traces/
+    python benchmarks/captures.py CAPTURE_DIR ... --repeat 9
+    python benchmarks/captures.py --baseline ../profkit-before  # this code against another checkout's
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "sample_traces"
+
+# one run, in a fresh interpreter: the checkout to import from, the capture; prints a JSON line
+_RUN = r"""
+import json, os, resource, sys, tempfile, time
+os.environ["PROFKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="profkit-bench-cache-")
+sys.path.insert(0, sys.argv[1])
+from profkit.scale import analyze_paths
+t0 = time.perf_counter()
+analysis = analyze_paths([sys.argv[2]])
+wall = time.perf_counter() - t0
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"wall_s": wall, "ranks": len(analysis.ranks),
+                  "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
+"""
+
+
+def default_captures() -> list[Path]:
+    """The capture folders of ``sample_traces/`` (a ``manifest.json`` each) with torch or nsys traces."""
+    return sorted(m.parent for m in SAMPLES.glob("*/*/manifest.json")
+                  if (m.parent / "torch").is_dir() or (m.parent / "nsys").is_dir())
+
+
+def kineto_traces(capture: Path) -> list[Path]:
+    return sorted(capture.rglob("*.json.gz"))
+
+
+def run_once(checkout: Path, capture: Path) -> dict:
+    """One cold analysis of ``capture`` with ``checkout``'s profkit, in a fresh interpreter."""
+    done = subprocess.run([sys.executable, "-c", _RUN, str(checkout), str(capture)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{capture} with {checkout}: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def floor_s(capture: Path) -> float | None:
+    """``benchmarks/scale.py``'s floor of the capture's Kineto traces (None without any)."""
+    traces = kineto_traces(capture)
+    if not traces:
+        return None
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import scale
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return scale.floor_seconds(scale.measure_floor(traces))
+
+
+def summary(runs: list[dict]) -> dict:
+    """Median and range of a capture's runs (wall and CPU seconds)."""
+    walls, cpus = [r["wall_s"] for r in runs], [r["cpu_s"] for r in runs]
+    return {"wall_s": statistics.median(walls), "wall_min_s": min(walls), "wall_max_s": max(walls),
+            "cpu_s": statistics.median(cpus), "ranks": runs[0]["ranks"], "n": len(runs)}
+
+
+def table(rows: list[dict], baseline: bool) -> str:
+    """Markdown: per capture its ranks, size, wall (median, range), CPU and x floor; with a baseline
+    the other checkout's wall and CPU beside them, and the change."""
+    head = ["capture", "ranks", "MB", "wall s (median)", "range s", "CPU s", "floor s", "x floor"]
+    if baseline:
+        head += ["baseline wall s", "baseline CPU s", "wall change"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        s, fl = r["this"], r["floor_s"]
+        cells = [r["capture"], str(s["ranks"]), f"{r['mb']:.1f}", f"{s['wall_s']:.3f}",
+                 f"{s['wall_min_s']:.3f}-{s['wall_max_s']:.3f}", f"{s['cpu_s']:.2f}",
+                 f"{fl:.3f}" if fl else "n/a", f"{s['wall_s'] / fl:.1f}" if fl else "n/a"]
+        if baseline:
+            b = r["baseline"]
+            cells += [f"{b['wall_s']:.3f}", f"{b['cpu_s']:.2f}", f"{(s['wall_s'] / b['wall_s'] - 1) * 100:+.0f}%"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("captures", nargs="*", type=Path, help="capture folders (default: sample_traces' torch and nsys ones)")
+    ap.add_argument("--repeat", type=int, default=5, help="runs per capture and checkout (default 5; the median is shown)")
+    ap.add_argument("--baseline", type=Path, help="another checkout of profkit, run alternately with this one")
+    ap.add_argument("--json", type=Path, help="also write every run here")
+    args = ap.parse_args(argv)
+    captures = [c.resolve() for c in args.captures] or default_captures()
+    if not captures:
+        ap.error("no capture given and none found in sample_traces/")
+    if args.baseline is not None and not (args.baseline / "profkit" / "__init__.py").is_file():
+        ap.error(f"--baseline {args.baseline}: not a profkit checkout (no profkit/__init__.py)")
+    rows = []
+    for capture in captures:
+        runs: dict[str, list[dict]] = {"this": [], "baseline": []}
+        for _ in range(max(1, args.repeat)):
+            runs["this"].append(run_once(REPO, capture))
+            if args.baseline is not None:
+                runs["baseline"].append(run_once(args.baseline, capture))
+        full = capture.resolve()
+        name = str(full.relative_to(SAMPLES)) if full.is_relative_to(SAMPLES) else str(capture)
+        mb = sum(p.stat().st_size for p in capture.rglob("*") if p.is_file()) / 1e6
+        row = {"capture": name, "mb": mb, "floor_s": floor_s(capture), "this": summary(runs["this"]), "runs": runs}
+        if args.baseline is not None:
+            row["baseline"] = summary(runs["baseline"])
+        rows.append(row)
+        print(f"{name}: {row['this']['wall_s']:.3f} s", file=sys.stderr)
+    print(f"profkit analyze on real captures, cold cache, fresh interpreters, medians of {args.repeat}"
+          + (f"; baseline: {args.baseline}" if args.baseline else ""))
+    print()
+    print(table(rows, args.baseline is not None))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
