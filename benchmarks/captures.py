@@ -8,7 +8,9 @@ are all fixed cost, and a change aimed at the simulated grid can miss them, or s
 
 Each run is a fresh interpreter with a fresh parsed-trace cache (cold), timing
 ``profkit.scale.analyze_paths`` on the default executor (imports not timed), CPU time included
-(the process and its pool's workers). The floor is ``benchmarks/scale.py``'s: the fastest
+(the process and its pool's workers); each checkout's compiled scanner and replay are built first
+(not timed; ``--no-build`` skips it), as a machine that has analyzed a large capture has them. The
+floor is ``benchmarks/scale.py``'s: the fastest
 gunzip + orjson parse of the capture's ``*.json.gz`` traces (whole, or in pieces on one process
 or two; span files and nsys reports not counted; "n/a" without any). With ``--baseline`` the runs
 alternate, this checkout's then the other's, so both see the same machine.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,6 +45,19 @@ me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource
 print(json.dumps({"wall_s": wall, "ranks": len(analysis.ranks),
                   "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
 """
+
+
+def build_kernels(checkout: Path) -> str:
+    """Build ``checkout``'s compiled JSON scanner and impact replay, as ``benchmarks/scale.py`` does
+    for its own (once per machine and source; not timed): a checkout without them reads files under
+    8 MB with msgspec and replays small programs in numpy, which an A/B would count against it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    said = []
+    for module in ("profkit.ingest.scanbuild", "profkit.analyze.impact_replay"):
+        done = subprocess.run([sys.executable, "-m", module], cwd=checkout, env=env, capture_output=True, text=True)
+        lines = (done.stdout.strip() or done.stderr.strip() or "not built").splitlines()
+        said.append(lines[-1].split(":")[0] if done.returncode == 0 else f"not built ({lines[-1]})")
+    return f"scanner {said[0]}, replay {said[1]}"
 
 
 def default_captures() -> list[Path]:
@@ -107,12 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="runs per capture and checkout (default 5; the median is shown)")
     ap.add_argument("--baseline", type=Path, help="another checkout of profkit, run alternately with this one")
     ap.add_argument("--json", type=Path, help="also write every run here")
+    ap.add_argument("--no-build", action="store_true",
+                    help="do not build the checkouts' compiled scanner and replay first (without them profkit "
+                         "reads files under 8 MB with msgspec)")
     args = ap.parse_args(argv)
     captures = [c.resolve() for c in args.captures] or default_captures()
     if not captures:
         ap.error("no capture given and none found in sample_traces/")
     if args.baseline is not None and not (args.baseline / "profkit" / "__init__.py").is_file():
         ap.error(f"--baseline {args.baseline}: not a profkit checkout (no profkit/__init__.py)")
+    if not args.no_build:
+        for checkout in (REPO, args.baseline):
+            if checkout is not None:
+                print(f"{checkout}: {build_kernels(checkout)}", file=sys.stderr)
     rows = []
     for capture in captures:
         runs: dict[str, list[dict]] = {"this": [], "baseline": []}

@@ -474,3 +474,34 @@ def test_each_row_aligned_by_its_ranks_fit():
     assert rk._aligned(obs.iloc[:0], fits, 10**18).size == 0
     with pytest.raises(KeyError):
         rk._aligned(pd.DataFrame({"rank": [0, 5], "end_ns": [1, 2]}), fits, 0)
+
+
+def test_row_offsets_are_the_per_row_lookup_of_every_rank_and_source(real):
+    """``sources.row_offsets``, each (rank, source) looked up once and taken by code, gives every
+    row the offset the MultiIndex of every row and its reindex gave: one rank or several, pairs
+    the table lacks (0), a source the table names that no row has, rows without a source."""
+    from profkit.align import sources
+    from profkit.distinct import str_objects
+
+    def by_reindex(events, table):
+        key = table.set_index(["rank", "source"])["offset_ns"]
+        idx = pd.MultiIndex.from_arrays([events["rank"].to_numpy(dtype=np.int64), str_objects(events["source"])])
+        return key.reindex(idx).fillna(0).to_numpy(dtype=np.int64)
+
+    ev = real["torch_clean"][0]
+    rng = np.random.default_rng(5)
+    names = np.array(["kineto", "profkit", "pyspy"], dtype=object)
+    ev = ev.assign(source=pd.array(names[rng.integers(0, 3, len(ev))], dtype=ev["source"].dtype))
+    ranks = sorted(set(ev["rank"].tolist()))
+    table = pd.DataFrame({"rank": [r for r in ranks for _ in range(2)] + [99],
+                          "source": ["profkit", "pyspy"] * len(ranks) + ["nsys"],
+                          "offset_ns": rng.integers(-10**9, 10**9, 2 * len(ranks) + 1)})
+    table = table.drop(index=len(table) - 2).reset_index(drop=True)  # the last rank has no pyspy offset: its rows stay
+    one = ev[ev["rank"] == ranks[0]].reset_index(drop=True)
+    for events in (ev, one, ev.iloc[:0]):
+        got = sources.row_offsets(events, table)
+        assert got.dtype == np.int64 and np.array_equal(got, by_reindex(events, table))
+    assert (sources.row_offsets(one, table) != 0).any()
+    holes = ev.assign(source=pd.array(np.where(rng.random(len(ev)) < 0.1, None, ev["source"].to_numpy(object)),
+                                      dtype=ev["source"].dtype))
+    assert np.array_equal(sources.row_offsets(holes, table), by_reindex(holes, table))

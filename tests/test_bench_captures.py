@@ -40,8 +40,26 @@ def test_the_table_shows_the_median_the_floor_ratio_and_the_change_against_a_bas
 def test_one_run_of_a_real_capture_end_to_end(capsys):
     mod = _captures()
     capture = mod.SAMPLES / "vllm-0.26-h200" / "torch_clean"
-    assert mod.main([str(capture), "--repeat", "1"]) == 0
+    assert mod.main([str(capture), "--repeat", "1", "--no-build"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| vllm-0.26-h200/torch_clean |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "1" and float(cells[3]) > 0 and float(cells[6]) > 0  # one rank, a wall time, a floor
+
+
+def test_both_checkouts_get_their_compiled_kernels_built_first(monkeypatch, tmp_path):
+    """Without its built scanner a checkout reads files under 8 MB with msgspec: an A/B against one
+    would be unfair. Each checkout's scanner and replay are built with that checkout's code."""
+    import subprocess
+
+    mod = _captures()
+    calls = []
+
+    def fake_run(cmd, cwd=None, env=None, capture_output=False, text=False):
+        calls.append((cmd[-1], Path(cwd), env["PYTHONPATH"].split(":")[0]))
+        return subprocess.CompletedProcess(cmd, 0, stdout="built ahead of time: /x.so\n", stderr="")
+
+    monkeypatch.setattr(mod.subprocess, "run", fake_run)
+    assert mod.build_kernels(tmp_path) == "scanner built ahead of time, replay built ahead of time"
+    assert calls == [("profkit.ingest.scanbuild", tmp_path, str(tmp_path)),
+                     ("profkit.analyze.impact_replay", tmp_path, str(tmp_path))]
