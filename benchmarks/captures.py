@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "sample_traces"
+sys.path.insert(0, str(REPO / "benchmarks"))
+import scale  # noqa: E402 - its floor and its kernel builds, for these captures too
 
 # one run, in a fresh interpreter: the checkout to import from, the capture; prints a JSON line
 _RUN = r"""
@@ -45,19 +46,6 @@ me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource
 print(json.dumps({"wall_s": wall, "ranks": len(analysis.ranks),
                   "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
 """
-
-
-def build_kernels(checkout: Path) -> str:
-    """Build ``checkout``'s compiled JSON scanner and impact replay, as ``benchmarks/scale.py`` does
-    for its own (once per machine and source; not timed): a checkout without them reads files under
-    8 MB with msgspec and replays small programs in numpy, which an A/B would count against it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    said = []
-    for module in ("profkit.ingest.scanbuild", "profkit.analyze.impact_replay"):
-        done = subprocess.run([sys.executable, "-m", module], cwd=checkout, env=env, capture_output=True, text=True)
-        lines = (done.stdout.strip() or done.stderr.strip() or "not built").splitlines()
-        said.append(lines[-1].split(":")[0] if done.returncode == 0 else f"not built ({lines[-1]})")
-    return f"scanner {said[0]}, replay {said[1]}"
 
 
 def default_captures() -> list[Path]:
@@ -81,14 +69,7 @@ def run_once(checkout: Path, capture: Path) -> dict:
 def floor_s(capture: Path) -> float | None:
     """``benchmarks/scale.py``'s floor of the capture's Kineto traces (None without any)."""
     traces = kineto_traces(capture)
-    if not traces:
-        return None
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import scale
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return scale.floor_seconds(scale.measure_floor(traces))
+    return scale.floor_seconds(scale.measure_floor(traces)) if traces else None
 
 
 def summary(runs: list[dict]) -> dict:
@@ -135,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_build:
         for checkout in (REPO, args.baseline):
             if checkout is not None:
-                print(f"{checkout}: {build_kernels(checkout)}", file=sys.stderr)
+                print(f"{checkout}: {scale.build_kernels(checkout)}", file=sys.stderr)
     rows = []
     for capture in captures:
         runs: dict[str, list[dict]] = {"this": [], "baseline": []}

@@ -219,9 +219,9 @@ def trace_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.name.endswith(TRACE_SUFFIXES) and p.name not in NOT_TRACES)
 
 
-def child_env(cache_dir: Path | None) -> dict[str, str]:
+def child_env(cache_dir: Path | None, checkout: Path = REPO) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if cache_dir is not None:
         env["PROFKIT_CACHE_DIR"] = str(cache_dir)
         env.pop("PROFKIT_CACHE", None)
@@ -265,13 +265,16 @@ def _accelerators() -> str:
     return f"fast extra: {', '.join(have) or 'none'}{off}"
 
 
-def _build_scanner() -> str:
-    """Build profkit's compiled JSON scanner (``ingest/scanbuild.py``) and impact replay
+def build_kernels(checkout: Path = REPO) -> str:
+    """Build ``checkout``'s compiled JSON scanner (``ingest/scanbuild.py``) and impact replay
     (``analyze/impact_replay.py``) before any run, as a machine that has analyzed a large capture
-    once has them: their one-time builds (~18 s and ~10 s) are not part of a run."""
+    once has them: their one-time builds (~18 s and ~10 s) are not part of a run. Without them a
+    checkout reads files under 8 MB with msgspec (``benchmarks/captures.py`` builds the other
+    checkout of an A/B too). Run from the checkout: ``-m`` puts the working folder first on the path."""
     said = []
     for module in ("profkit.ingest.scanbuild", "profkit.analyze.impact_replay"):
-        done = subprocess.run([sys.executable, "-m", module], env=child_env(None), capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", module], cwd=checkout, env=child_env(None, checkout),
+                              capture_output=True, text=True)
         lines = (done.stdout.strip() or done.stderr.strip() or "not built").splitlines()
         said.append(lines[-1].split(":")[0] if done.returncode == 0 else lines[-1])
     return "scanner " + said[0] + ", replay " + said[1]
@@ -743,7 +746,7 @@ def main() -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
 
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-    scanner = "not built first" if args.no_build else _build_scanner()
+    scanner = "not built first" if args.no_build else build_kernels()
     header = (f"profkit.scale.analyze_paths on simulated captures ({args.format}, seed 1); {machine}; "
               f"workers: {args.workers or 'executor default'}; {_accelerators()}; JSON scanner: {scanner}; one run each")
     runs: list[dict] = []

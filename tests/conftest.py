@@ -18,6 +18,19 @@ SHARED_TRACES = REPO.parent / "shared" / "traces"
 SAMPLE_TRACES = REPO / "sample_traces"
 
 
+def benchmark_module(name: str):
+    """A script of ``benchmarks/`` imported as a module, for its own logic (the folder is on the
+    import path only while it is imported)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():

@@ -1,19 +1,11 @@
 """``benchmarks/captures.py``: which captures it takes, its table, and one real run end to end."""
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import benchmark_module
 
 
 def _captures():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        return importlib.import_module("captures")
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    return benchmark_module("captures")
 
 
 def test_default_captures_are_the_sample_capture_folders_with_torch_or_nsys_traces():
@@ -46,20 +38,3 @@ def test_one_run_of_a_real_capture_end_to_end(capsys):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "1" and float(cells[3]) > 0 and float(cells[6]) > 0  # one rank, a wall time, a floor
 
-
-def test_both_checkouts_get_their_compiled_kernels_built_first(monkeypatch, tmp_path):
-    """Without its built scanner a checkout reads files under 8 MB with msgspec: an A/B against one
-    would be unfair. Each checkout's scanner and replay are built with that checkout's code."""
-    import subprocess
-
-    mod = _captures()
-    calls = []
-
-    def fake_run(cmd, cwd=None, env=None, capture_output=False, text=False):
-        calls.append((cmd[-1], Path(cwd), env["PYTHONPATH"].split(":")[0]))
-        return subprocess.CompletedProcess(cmd, 0, stdout="built ahead of time: /x.so\n", stderr="")
-
-    monkeypatch.setattr(mod.subprocess, "run", fake_run)
-    assert mod.build_kernels(tmp_path) == "scanner built ahead of time, replay built ahead of time"
-    assert calls == [("profkit.ingest.scanbuild", tmp_path, str(tmp_path)),
-                     ("profkit.analyze.impact_replay", tmp_path, str(tmp_path))]

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import benchmark_module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -32,11 +34,7 @@ def test_idle_benchmark_times_the_drivers_stages_beside_the_cpu_use(tmp_path):
     the idle core-seconds."""
     import importlib
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        idle = importlib.import_module("idle")
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    idle = benchmark_module("idle")
     for module, name in idle.DRIVER_STAGES:
         assert hasattr(importlib.import_module(module), name), (module, name)
     if not Path("/proc/stat").exists():
@@ -54,13 +52,7 @@ def test_idle_benchmark_times_the_drivers_stages_beside_the_cpu_use(tmp_path):
 
 
 def _scale_module():
-    import importlib
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        return importlib.import_module("scale")
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    return benchmark_module("scale")
 
 
 def _run(ranks: int, steps: int, stage_cpu: dict, driver: float, wall: float, executor: str = "pool") -> dict:
@@ -109,3 +101,25 @@ def test_fixed_costs_least_squares_over_noisy_runs():
     row = next(r for r in scale.fixed_costs(runs) if r["measure"] == "wall")
     # x mean 200, y mean 6.5/3; slope = (-100 * (1 - 6.5/3) + 0 + 100 * (3 - 6.5/3)) / 20000 = 0.01
     assert abs(row["per_100_steps_s"] - 1.0) < 1e-9 and abs(row["fixed_s"] - (6.5 / 3 - 2.0)) < 1e-9
+
+
+def test_a_checkout_gets_its_compiled_kernels_built_with_its_own_code(monkeypatch, tmp_path):
+    """Without its built scanner a checkout reads files under 8 MB with msgspec (an A/B of
+    ``benchmarks/captures.py`` against one would be unfair): its scanner and replay are built by
+    its own code, from its folder (``-m`` puts the working folder first on the path)."""
+    import subprocess as sp
+
+    scale = _scale_module()
+    calls = []
+
+    def fake_run(cmd, cwd=None, env=None, capture_output=False, text=False):
+        calls.append((cmd[-1], Path(cwd), env["PYTHONPATH"].split(os.pathsep)[0]))
+        return sp.CompletedProcess(cmd, 0, stdout="built ahead of time: /x.so\n", stderr="")
+
+    monkeypatch.setattr(scale.subprocess, "run", fake_run)
+    assert scale.build_kernels(tmp_path) == "scanner built ahead of time, replay built ahead of time"
+    assert calls == [("profkit.ingest.scanbuild", tmp_path, str(tmp_path)),
+                     ("profkit.analyze.impact_replay", tmp_path, str(tmp_path))]
+    calls.clear()
+    scale.build_kernels()
+    assert {(c[1], c[2]) for c in calls} == {(REPO, str(REPO))}  # this checkout by default
