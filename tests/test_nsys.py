@@ -671,6 +671,99 @@ def test_end_before_start_is_dropped(tmp_path):
     assert any("ending before they start: dropped" in w for w in parts[0].warnings)
 
 
+# -- the ADBC fast path: the same parts as sqlite3 gives, or sqlite3 decides ---------------------------
+def _read_both(path: Path, monkeypatch) -> tuple[object, object, int, int]:
+    """read_nsys through ADBC where it can, then through sqlite3 alone: (fast result, sqlite3 result,
+    tables ADBC gave, tables sqlite3 gave in the fast run). A result is the parts or the TraceError's text."""
+    counts = {"fast": 0, "rows": 0}
+    fetch_arrow, fetch_rows = nsys_db.NsysDb._fetch_arrow, nsys_db.NsysDb._fetch_rows
+
+    def arrow(self, sql, schema):
+        out = fetch_arrow(self, sql, schema)
+        counts["fast"] += out is not None
+        return out
+
+    def rows(self, sql, schema, params):
+        counts["rows"] += 1
+        return fetch_rows(self, sql, schema, params)
+
+    def read():
+        try:
+            return read_nsys(path)
+        except TraceError as exc:
+            return str(exc)
+
+    with monkeypatch.context() as m:
+        m.setattr(nsys_db.NsysDb, "_fetch_arrow", arrow)
+        m.setattr(nsys_db.NsysDb, "_fetch_rows", rows)
+        fast = read()
+    fast_counts = dict(counts)
+    with monkeypatch.context() as m:
+        m.setattr(nsys_db.NsysDb, "_arrow_connection", lambda self: None)
+        slow = read()
+    return fast, slow, fast_counts["fast"], fast_counts["rows"]
+
+
+def _same_parts(a, b) -> None:
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b
+        return
+    assert [p.key for p in a] == [p.key for p in b]
+    for x, y in zip(a, b):
+        assert x.table.schema == y.table.schema and x.table.equals(y.table), x.label
+        assert (x.meta, x.warnings, x.rank, x.rank_origin) == (y.meta, y.warnings, y.rank, y.rank_origin)
+
+
+@pytest.mark.skipif(nsys_db.adbc_sqlite is None, reason="adbc-driver-sqlite (the fast extra) not installed")
+@pytest.mark.parametrize("path", _sample_nsys_files() + [REPO / "../shared/traces/nsys" / f for f in REAL_FILES],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_adbc_reads_real_exports_as_sqlite3_does(path, monkeypatch):
+    """Real exports (2022 toys, the project's 2025.3 captures): every event table came through ADBC
+    and the parts are equal, table by table (exact: both read the same SQLite rows)."""
+    if not path.exists():
+        pytest.skip(f"{path} not here")
+    fast, slow, by_arrow, by_rows = _read_both(path, monkeypatch)
+    assert by_arrow >= 3 and by_rows == 0
+    _same_parts(fast, slow)
+
+
+def _odd_export(tmp_path: Path, how: str) -> Path:
+    db = two_rank_export().write(tmp_path / f"{how}.sqlite")
+    con = sqlite3.connect(db)
+    if how == "real_in_integers":  # sqlite3's pa.array truncates 5.5 to 5; ADBC's column would be double
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start + 0.5 WHERE correlationId = 101")
+    elif how == "text_in_integers":  # sqlite3's path refuses it; ADBC would make the column text
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = 'x' WHERE correlationId = 202")
+    elif how == "text_name_after_nulls":  # names as text after a batch of ids: ADBC fails at the next batch
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET demangledName = 'void typed_name(int)' "
+                    "WHERE rowid = (SELECT max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)")
+    elif how == "invalid_utf8":  # ADBC would pass the bytes through; sqlite3 replaces them
+        con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId) "
+                    "VALUES (1300, 1400, 59, CAST(X'66FF6F80' AS TEXT), ?, 0)", (gtid(2001, 2001),))
+    elif how == "device_beyond_int32":  # an overflow sqlite3's pa.array refuses; ADBC's cast refuses too
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = 4294967296 WHERE correlationId = 100")
+    con.commit()
+    con.close()
+    return db
+
+
+@pytest.mark.skipif(nsys_db.adbc_sqlite is None, reason="adbc-driver-sqlite (the fast extra) not installed")
+@pytest.mark.parametrize("how", ["real_in_integers", "text_in_integers", "text_name_after_nulls", "invalid_utf8",
+                                 "device_beyond_int32"])
+def test_adbc_leaves_odd_values_to_sqlite3(how, tmp_path, monkeypatch):
+    """Where ADBC's inferred types or bytes would differ from sqlite3's reading, that table is read
+    again through sqlite3: the same parts, or the same error, as sqlite3 alone gives."""
+    monkeypatch.setattr(nsys_db, "FETCH_BATCH_ROWS", 2)  # batches of 2 rows: types change across them
+    fast, slow, by_arrow, by_rows = _read_both(_odd_export(tmp_path, how), monkeypatch)
+    assert by_rows >= 1 and by_arrow >= 1  # the odd table went through sqlite3, the others did not
+    _same_parts(fast, slow)
+    if how == "invalid_utf8":
+        names = set(frame(fast)["name"])
+        assert "f\ufffdo\ufffd" in names
+    if how in ("text_in_integers", "device_beyond_int32"):
+        assert isinstance(fast, str) and "unexpected value types" in fast
+
+
 # -- .nsys-rep ---------------------------------------------------------------------------------------
 def _fake_nsys(tmp_path: Path, source_db: Path, fail: bool = False) -> Path:
     script = tmp_path / "fake-nsys"
