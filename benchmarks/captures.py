@@ -1,4 +1,4 @@
-"""How long ``profkit analyze`` takes on real captures, against the floor of their Kineto traces;
+"""How long ``profkit analyze`` takes on real captures, against the floor of their traces;
 and, given another checkout (``--baseline``), the same captures with its code, side by side.
 
 Why: ``benchmarks/scale.py`` measures simulated captures, one file per rank. The captures users
@@ -10,9 +10,10 @@ Each run is a fresh interpreter with a fresh parsed-trace cache (cold), timing
 ``profkit.scale.analyze_paths`` on the default executor (imports not timed), CPU time included
 (the process and its pool's workers); each checkout's compiled scanner and replay are built first
 (not timed; ``--no-build`` skips it), as a machine that has analyzed a large capture has them. The
-floor is ``benchmarks/scale.py``'s: the fastest
-gunzip + orjson parse of the capture's ``*.json.gz`` traces (whole, or in pieces on one process
-or two; span files and nsys reports not counted; "n/a" without any). With ``--baseline`` the runs
+floor is ``benchmarks/scale.py``'s, the median of as many passes as runs: the fastest gunzip +
+orjson parse of the capture's ``*.json.gz`` traces (whole, or in pieces on one process or two), or
+for an nsys capture the fastest read of its SQLite export's event rows (times and process or
+thread, and the strings); span files not counted; "n/a" without either. With ``--baseline`` the runs
 alternate, this checkout's then the other's, so both see the same machine.
 
     python benchmarks/captures.py                               # the torch and nsys captures in sample_traces/
@@ -66,10 +67,15 @@ def run_once(checkout: Path, capture: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def floor_s(capture: Path) -> float | None:
-    """``benchmarks/scale.py``'s floor of the capture's Kineto traces (None without any)."""
-    traces = kineto_traces(capture)
-    return scale.floor_seconds(scale.measure_floor(traces)) if traces else None
+def nsys_reports(capture: Path) -> list[Path]:
+    return sorted(capture.rglob("*.sqlite"))
+
+
+def floor_s(capture: Path, repeat: int = 1) -> float | None:
+    """``benchmarks/scale.py``'s floor of the capture's Kineto traces, else of its nsys SQLite
+    exports (None without either), the median of ``repeat`` passes."""
+    traces = kineto_traces(capture) or nsys_reports(capture)
+    return scale.floor_seconds(scale.measure_floor(traces, repeat)) if traces else None
 
 
 def summary(runs: list[dict]) -> dict:
@@ -127,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         full = capture.resolve()
         name = str(full.relative_to(SAMPLES)) if full.is_relative_to(SAMPLES) else str(capture)
         mb = sum(p.stat().st_size for p in capture.rglob("*") if p.is_file()) / 1e6
-        row = {"capture": name, "mb": mb, "floor_s": floor_s(capture), "this": summary(runs["this"]), "runs": runs}
+        row = {"capture": name, "mb": mb, "floor_s": floor_s(capture, args.repeat), "this": summary(runs["this"]), "runs": runs}
         if args.baseline is not None:
             row["baseline"] = summary(runs["baseline"])
         rows.append(row)

@@ -4,6 +4,8 @@
     python benchmarks/scale.py --full               # + DEP64x1000 and DEP256x200
     python benchmarks/scale.py --ranks 8,32 --steps 100 --executors pool,dask
     python benchmarks/scale.py --quick              # DEP8x20, serial and pool (a smoke test)
+    python benchmarks/scale.py --repeat 3           # each run and floor pass 3 times: their medians
+    python benchmarks/scale.py --format nsys        # the same captures as nsys SQLite exports
 
 Captures are simulated once (``profkit simulate --ranks N --steps S --seed 1``, Kineto JSON.gz,
 one file per rank) and kept under ``--work-dir`` (default /tmp/profkit-scale); generating them
@@ -25,7 +27,11 @@ same executor and cache (1.0 everywhere = time linear in ranks x steps), and the
 The floor, per capture: how fast this machine can only read the raw files (bytes), gunzip them
 (``gzip``, streaming ``zlib``, and ``isal`` / ``zlib-ng`` where installed) and parse the JSON
 (``orjson``: whole files, up to 100 MB of input, and ~256 KB pieces as profkit's reader does) in
-one process and in two; the table's ``x floor`` is a run's wall time over the fastest parse. Prints markdown tables, the CPU time per stage, and whether the goals of issues #9 and #16 are met; writes a
+one process and in two; for nsys exports, take each event's start, end and process or thread, and
+the strings, out of SQLite (``sqlite3``; and straight into Arrow with the ADBC driver, in one process
+and in two). The table's ``x floor`` is a run's wall time over the fastest parse (or SQLite read).
+One measurement each is noisy on a shared VM (a DEP8 x 100 floor measured 0.31 s and 0.47 s in two
+runs): ``--repeat N`` takes the median of N. Prints markdown tables, the CPU time per stage, and whether the goals of issues #9 and #16 are met; writes a
 plotly figure to ``--out`` (default benchmarks/results/scale.html) and raw runs to ``--json``.
 """
 from __future__ import annotations
@@ -43,6 +49,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -117,6 +124,15 @@ def child(spec: dict) -> dict:
     }
 
 
+def median_run(tries: list[dict]) -> dict:
+    """Of repeated runs, the one with the median wall time (the lower of the two middle ones), every
+    run's wall time beside it in ``wall_s_all``; the first error if no run finished."""
+    done = sorted((r for r in tries if "error" not in r), key=lambda r: r["wall_s"])
+    if not done:
+        return tries[0]
+    return {**done[(len(done) - 1) // 2], "wall_s_all": [r.get("wall_s") for r in tries]}
+
+
 def peak_rss_bytes() -> int:
     """This process's peak RSS: ``VmHWM``, else ``ru_maxrss`` of RUSAGE_SELF.
 
@@ -173,7 +189,7 @@ def events_of(analysis) -> int:
 def floor_child(spec: dict) -> dict:
     """The floor in a fresh interpreter, so its parses never raise this benchmark's own RSS (which
     every later child would inherit in ``ru_maxrss``)."""
-    return {"rows": measure_floor([Path(p) for p in spec["files"]])}
+    return {"rows": measure_floor([Path(p) for p in spec["files"]], spec.get("repeat", 1))}
 
 
 def run_child(spec: dict, env: dict[str, str], timeout_s: float) -> dict:
@@ -356,9 +372,68 @@ def _parse_pieces(pending: bytes) -> tuple[int, bytes]:
     return events, pending[start:]
 
 
+# what any reader of an nsys export must take from it: each event's times and process or thread
+# (profkit reads more: names, ids, devices), and the strings that name events
+_SQLITE_FLOOR_QUERIES = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": '"start", "end", "globalPid"',
+    "CUPTI_ACTIVITY_KIND_MEMCPY": '"start", "end", "globalPid"',
+    "CUPTI_ACTIVITY_KIND_MEMSET": '"start", "end", "globalPid"',
+    "CUPTI_ACTIVITY_KIND_RUNTIME": '"start", "end", "globalTid"',
+    "NVTX_EVENTS": '"start", "end", "globalTid"',
+    "OSRT_API": '"start", "end", "globalTid"',
+    "StringIds": '"id", "value"',
+}
+
+
+def _sqlite_queries(path: Path) -> list[str]:
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        con.close()
+    return [f'SELECT {cols} FROM "{t}"' for t, cols in _SQLITE_FLOOR_QUERIES.items() if t in tables]
+
+
+def _sqlite_rows(path: Path) -> tuple[int, int, int]:
+    """The event rows through the standard library's sqlite3 (a tuple per row)."""
+    import sqlite3
+
+    rows = 0
+    con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        for q in _sqlite_queries(path):
+            rows += len(con.execute(q).fetchall())
+    finally:
+        con.close()
+    return path.stat().st_size, 0, rows
+
+
+def _sqlite_arrow(path: Path) -> tuple[int, int, int]:
+    """The event rows straight into Arrow through the ADBC SQLite driver (profkit's fast path)."""
+    import adbc_driver_sqlite.dbapi as adbc
+
+    rows = 0
+    with adbc.connect(f"file:{path}?mode=ro&immutable=1") as con:
+        for q in _sqlite_queries(path):
+            with con.cursor() as cur:
+                cur.execute(q)
+                rows += cur.fetch_arrow_table().num_rows
+    return path.stat().st_size, 0, rows
+
+
 def floor_methods(files: list[Path]) -> list[tuple[str, object, int]]:
     """(label, function, processes) for what is installed and applies to these files."""
     methods: list[tuple[str, object, int]] = [("read bytes", _read, 1)]
+    if files and all(p.name.endswith(".sqlite") for p in files):
+        methods.append(("SQLite event rows (sqlite3)", _sqlite_rows, 1))
+        try:
+            __import__("adbc_driver_sqlite")
+        except ImportError:
+            return methods
+        return methods + [("SQLite event rows -> Arrow (ADBC)", _sqlite_arrow, 1),
+                          ("SQLite event rows -> Arrow (ADBC)", _sqlite_arrow, 2)]
     if not all(p.name.endswith(".gz") for p in files):
         return methods
     methods += [("gzip.open().read()", _gzip, 1), ("zlib streaming (1 MiB chunks)", _zlib_stream, 1)]
@@ -376,30 +451,34 @@ def floor_methods(files: list[Path]) -> list[tuple[str, object, int]]:
     return methods
 
 
-def measure_floor(files: list[Path]) -> list[dict]:
-    """Each floor method over every file: seconds, compressed and JSON bytes, raw trace events."""
+def measure_floor(files: list[Path], repeat: int = 1) -> list[dict]:
+    """Each floor method over every file: seconds (the median of ``repeat`` passes, each pass in
+    ``seconds_all``), compressed and JSON bytes, raw trace events (or SQLite rows)."""
     rows = []
     for label, fn, procs in floor_methods(files):
-        if procs == 1:
-            t0 = time.perf_counter()
-            sizes = [fn(p) for p in files]
-            seconds = time.perf_counter() - t0
-        else:
-            with concurrent.futures.ProcessPoolExecutor(procs) as pool:
-                list(pool.map(_read, files[:procs]))  # start the workers outside the timing
+        passes = []
+        for _ in range(max(repeat, 1)):
+            if procs == 1:
                 t0 = time.perf_counter()
-                sizes = list(pool.map(fn, files))
-                seconds = time.perf_counter() - t0
+                sizes = [fn(p) for p in files]
+                passes.append(time.perf_counter() - t0)
+            else:
+                with concurrent.futures.ProcessPoolExecutor(procs) as pool:
+                    list(pool.map(_read, files[:procs]))  # start the workers outside the timing
+                    t0 = time.perf_counter()
+                    sizes = list(pool.map(fn, files))
+                    passes.append(time.perf_counter() - t0)
         rows.append({
-            "method": label, "processes": procs, "seconds": seconds,
+            "method": label, "processes": procs, "seconds": statistics.median(passes), "seconds_all": passes,
             "file_bytes": sum(s[0] for s in sizes), "json_bytes": sum(s[1] for s in sizes), "raw_events": sum(s[2] for s in sizes),
         })
     return rows
 
 
 def floor_seconds(rows: list[dict]) -> float | None:
-    """The floor a run is compared to: the fastest parse (else gunzip, else read) measured."""
-    for key in ("orjson", "gz", "read"):
+    """The floor a run is compared to: the fastest parse (JSON) or SQLite rows read (nsys), else
+    gunzip, else read, measured."""
+    for key in ("orjson", "SQLite", "gz", "read"):
         times = [r["seconds"] for r in rows if key in r["method"] or (key == "gz" and "zlib" in r["method"])]
         if times:
             return min(times)
@@ -730,6 +809,9 @@ def main() -> int:
     ap.add_argument("--no-build", action="store_true",
                     help="do not build profkit's compiled JSON scanner and replay before the runs (once per machine, unmeasured); "
                          "without it the first run to read a file of 8 MB or more builds it, ~18 s inside that run")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per capture, executor and cache, and passes per floor method; the tables show each "
+                         "one's median run (each cold run with an emptied cache) and median pass (default 1)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed (default 1800)")
     ap.add_argument("--report", type=Path, metavar="JSON", help="measure nothing: print the tables of a --json file again")
     args = ap.parse_args()
@@ -748,7 +830,8 @@ def main() -> int:
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     scanner = "not built first" if args.no_build else build_kernels()
     header = (f"profkit.scale.analyze_paths on simulated captures ({args.format}, seed 1); {machine}; "
-              f"workers: {args.workers or 'executor default'}; {_accelerators()}; JSON scanner: {scanner}; one run each")
+              f"workers: {args.workers or 'executor default'}; {_accelerators()}; JSON scanner: {scanner}; "
+              + ("one run each" if args.repeat <= 1 else f"medians of {args.repeat} runs and of {args.repeat} floor passes"))
     runs: list[dict] = []
     floors: dict[str, list[dict]] = {}
 
@@ -763,7 +846,8 @@ def main() -> int:
         files = trace_files(folder)
         if not args.no_floor:
             say(f"floor: DEP{ranks} x {steps}, {len(files)} files")
-            floor = run_child({"floor": True, "files": [str(f) for f in files]}, child_env(None), args.timeout)
+            floor = run_child({"floor": True, "files": [str(f) for f in files], "repeat": args.repeat}, child_env(None),
+                              args.timeout)
             if "error" in floor:
                 say(f"  floor failed: {floor['error']}")
             else:
@@ -775,8 +859,14 @@ def main() -> int:
             for cache in caches:
                 if cache == "warm" and "cold" not in caches:  # warm needs a filled cache: fill it unmeasured
                     run_child(spec, child_env(cache_dir), args.timeout)
-                say(f"run: DEP{ranks} x {steps}, {executor}, {cache} cache")
-                result = run_child(spec, child_env(cache_dir), args.timeout)
+                tries = []
+                for attempt in range(max(args.repeat, 1)):
+                    if cache == "cold":
+                        shutil.rmtree(cache_dir, ignore_errors=True)
+                    say(f"run: DEP{ranks} x {steps}, {executor}, {cache} cache"
+                        + (f" ({attempt + 1} of {args.repeat})" if args.repeat > 1 else ""))
+                    tries.append(run_child(spec, child_env(cache_dir), args.timeout))
+                result = median_run(tries)
                 runs.append({"ranks": ranks, "steps": steps, "executor": executor, "cache": cache,
                              "capture": str(folder), **result})
                 say("  " + (f"failed: {result['error']}" if "error" in result else

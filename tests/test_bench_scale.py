@@ -123,3 +123,40 @@ def test_a_checkout_gets_its_compiled_kernels_built_with_its_own_code(monkeypatc
     calls.clear()
     scale.build_kernels()
     assert {(c[1], c[2]) for c in calls} == {(REPO, str(REPO))}  # this checkout by default
+
+
+def test_repeated_runs_keep_the_median_one_with_every_wall_time():
+    mod = benchmark_module("scale")
+    tries = [{"wall_s": 3.0, "events": 1}, {"error": "killed"}, {"wall_s": 1.0, "events": 2}, {"wall_s": 2.0, "events": 3}]
+    kept = mod.median_run(tries)
+    assert kept["wall_s"] == 2.0 and kept["events"] == 3  # the median run's own measures, not a mix
+    assert kept["wall_s_all"] == [3.0, None, 1.0, 2.0]
+    assert mod.median_run([{"wall_s": 1.0}, {"wall_s": 5.0}])["wall_s"] == 1.0  # the lower middle of an even count
+    assert mod.median_run([{"error": "a"}, {"error": "b"}]) == {"error": "a"}
+
+
+def test_nsys_exports_get_a_sqlite_floor_of_their_event_rows():
+    """The floor of an nsys capture: its event rows out of SQLite, counted against SQL's own count,
+    the median of the passes; and it is the floor the runs are compared with."""
+    import sqlite3
+
+    mod = benchmark_module("scale")
+    files = sorted((REPO / "sample_traces" / "engine-dep4-h200-capture").rglob("*.sqlite"))
+    assert files
+    rows = mod.measure_floor(files, repeat=3)
+    by_method = {(r["method"], r["processes"]): r for r in rows}
+    expected = 0
+    for f in files:
+        con = sqlite3.connect(f"file:{f}?mode=ro&immutable=1", uri=True)
+        tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        expected += sum(con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+                        for t in mod._SQLITE_FLOOR_QUERIES if t in tables)
+        con.close()
+    sqlite_rows = [r for r in rows if "SQLite" in r["method"]]
+    assert ("SQLite event rows (sqlite3)", 1) in by_method and len(sqlite_rows) in (1, 3)  # 3 with ADBC
+    for r in sqlite_rows:
+        assert r["raw_events"] == expected and len(r["seconds_all"]) == 3
+        assert r["seconds"] == sorted(r["seconds_all"])[1]
+    assert mod.floor_seconds(rows) == min(r["seconds"] for r in sqlite_rows)
+    json_rows = mod.measure_floor(sorted((REPO / "sample_traces" / "vllm-0.26-h200").rglob("*.json.gz")))
+    assert not any("SQLite" in r["method"] for r in json_rows) and any("orjson" in r["method"] for r in json_rows)
