@@ -93,13 +93,6 @@ def codes_at(layer: Layer, j: np.ndarray, default: int = NONE) -> np.ndarray:
     return np.where(j >= 0, layer.codes[np.maximum(j, 0)], default)
 
 
-def starts_at(layer: Layer, j: np.ndarray, default: int) -> np.ndarray:
-    """Start of the answers ``j``; ``default`` where there was none."""
-    if layer.size == 0:
-        return np.full(j.size, default, np.int64)
-    return np.where(j >= 0, layer.starts[np.maximum(j, 0)], default)
-
-
 def split_at(starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cut each interval at the (sorted, unique) ``cuts`` strictly inside it.
 

@@ -555,3 +555,45 @@ def test_cause_summary_and_cause_step_table_are_pandas_groupby(n, missing, as_ob
     steps = charged.groupby(["rank", "step", "cause"], sort=True)["dur_ns"].sum().reset_index()
     steps = steps.rename(columns={"dur_ns": "ns"}).astype({"rank": "int64", "step": "int64", "ns": "int64"})
     pd.testing.assert_frame_equal(cause_step_table(charged), steps, check_exact=True)
+
+
+def _group_every_time(layers, t, query):
+    """``overhead_rank._group`` as first written: every thread asked about every time."""
+    from profkit.layers import codes_at
+
+    low = np.iinfo(np.int64).min
+    if len(layers) == 1:
+        return codes_at(layers[0], query(layers[0], t))
+    code = np.full(t.size, -1, np.int64)
+    best = np.full(t.size, low, np.int64)
+    for layer in layers:
+        j = query(layer, t)
+        st = np.where(j >= 0, layer.starts[np.maximum(j, 0)], low) if layer.size else np.full(t.size, low)
+        better = (j >= 0) & (st > best)
+        code = np.where(better, codes_at(layer, j), code)
+        best = np.where(better, st, best)
+    return code
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_thread_group_answers_as_asking_every_thread_every_time(seed):
+    """Threads asked only between their first start and last end (sorted times), only their hits
+    written: the same codes as every thread asked every time, for both queries, for nested and
+    overlapping spans, empty threads, sorted and unsorted times, times off every thread's range."""
+    from profkit.analyze.overhead_rank import _group
+
+    rng = np.random.default_rng(seed)
+    layers = []
+    for thread in range(int(rng.integers(1, 6))):
+        n = int(rng.integers(0, 40))
+        origin = int(rng.integers(0, 5_000))
+        starts = origin + rng.integers(0, 2_000, n)
+        ends = starts + rng.integers(0, 600, n)  # some empty (dropped), some overlapping, most nested by chance
+        layers.append(make_layer(starts, ends, rng.integers(0, 50, n) + 100 * thread))
+    t = np.sort(rng.integers(-500, 9_000, int(rng.integers(1, 400))))
+    for times in (t, rng.permutation(t)):
+        for query in (innermost, covering):
+            got = _group(layers, times, query)
+            assert np.array_equal(got, _group_every_time(layers, times, query))
+    if sum(x.size for x in layers) > 5:  # the data asks something: some times fall in a span
+        assert (_group(layers, t, innermost) >= 0).any()

@@ -17,7 +17,7 @@ from profkit import intervals as iv
 from profkit.analyze import overhead_host as host
 from profkit.analyze import overhead_names as nm
 from profkit.analyze import vocabulary as vc
-from profkit.layers import Layer, codes_at, covering, innermost, make_layer, split_at, starts_at
+from profkit.layers import Layer, codes_at, covering, innermost, make_layer, split_at
 from profkit.analyze.vocabulary import (
     BETWEEN_STEPS, CPU_OP, GC, HOST_SYNC, LAUNCH_BOUND, NO_HOST, PYTHON, SAMPLE, SELF, SPAN, UNATTRIBUTED, WAIT,
 )
@@ -369,17 +369,34 @@ def _comm_layer(ea: EventArrays, r: slice) -> Layer:
 
 
 def _group(layers: list[Layer], t: np.ndarray, query) -> np.ndarray:
-    """Answer of a thread group: per time, the code of the interval begun last across threads."""
+    """Answer of a thread group: per time, the code of the interval begun last across threads.
+
+    Each thread is asked only about the times between its first start and its last end (where
+    ``t`` is sorted, as the pieces' starts are: a slice), the only times it can answer, and only
+    its answers are written, not every time once per thread (a 4-rank CPU engine capture of 380
+    steps asks ~427k pieces of five threads per rank and window set)."""
     if len(layers) == 1:
         return codes_at(layers[0], query(layers[0], t))
     code = np.full(t.size, -1, np.int64)
     best = np.full(t.size, _MIN, np.int64)
+    ordered = t.size < 2 or bool((t[1:] >= t[:-1]).all())
     for layer in layers:
-        j = query(layer, t)
-        st = starts_at(layer, j, _MIN)
-        better = (j >= 0) & (st > best)
-        code = np.where(better, codes_at(layer, j), code)
-        best = np.where(better, st, best)
+        if layer.size == 0:
+            continue
+        a, b = 0, t.size
+        if ordered:  # no interval of the layer holds a time before its first start or from its last end on
+            a, b = np.searchsorted(t, [layer.starts[0], layer.reach[0][-1]], side="left")
+        j = query(layer, t[a:b])
+        hit = np.flatnonzero(j >= 0)
+        if not hit.size:
+            continue
+        j = j[hit]
+        st = layer.starts[j]
+        at = hit + a
+        better = st > best[at]
+        at = at[better]
+        code[at] = layer.codes[j[better]]
+        best[at] = st[better]
     return code
 
 

@@ -43,6 +43,7 @@ Pure functions over event tables (int64 ns); no file access.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 
 import numpy as np
@@ -113,10 +114,18 @@ def is_name_evidence(names: pd.Series, categories: pd.Series) -> np.ndarray:
         categories.astype("string").fillna("") == DP_SYNC_CATEGORY).to_numpy(dtype=bool)
 
 
+@functools.lru_cache(maxsize=4096)  # asked per collective row; a trace names a few collectives
 def op_coll_name(name: str) -> str:
     """``c10d::allreduce_`` -> ``all_reduce`` (ingest's vocabulary)."""
     base = str(name).split("::", 1)[-1].strip("_")
     return normalize_coll_name(base) or base or UNKNOWN_COLL
+
+
+@functools.lru_cache(maxsize=4096)
+def _gloo_coll_name(name: str) -> str:
+    """``gloo:allreduce`` -> ``all_reduce``."""
+    op = GLOO_RE.match(name).group(1)
+    return normalize_coll_name(op) or op
 
 
 # ---- per rank: host-blocking collectives -----------------------------------------------------
@@ -477,8 +486,7 @@ def _op_members(events: pd.DataFrame, rows: np.ndarray, ctx: _ThreadContext) -> 
 def _plain_members(b: dict, evidence: str, calling: bool) -> dict:
     """Gloo worker spans: their start is when the worker took the work (close to the arrival),
     their end the common exit (the most exact end)."""
-    coll = np.array([normalize_coll_name(GLOO_RE.match(nm).group(1)) or GLOO_RE.match(nm).group(1) for nm in b["name"]],
-                    dtype=object)
+    coll = np.array([_gloo_coll_name(nm) for nm in b["name"]], dtype=object)
     n = b["rank"].size
     return _member_frame(b, evidence, region_start=b["start"], region_end=b["end"], arrive=np.full(n, -1, np.int64),
                          exit_=np.full(n, -1, np.int64), common_end=b["end"], span_start=np.full(n, -1, np.int64),
