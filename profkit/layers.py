@@ -40,6 +40,12 @@ class Layer:
         idx = np.arange(self.size, dtype=np.int64)
         return run_end, np.maximum.accumulate(np.where(self.ends == run_end, idx, 0))
 
+    @cached_property
+    def bounds(self) -> np.ndarray:
+        """The distinct starts and ends, sorted: between two of them every query's answer is the
+        same (no interval starts or ends in between), so many times can be answered at these."""
+        return iv.unique_sorted(np.concatenate([self.starts, self.ends]))
+
 
 def make_layer(starts: np.ndarray, ends: np.ndarray, codes: np.ndarray) -> Layer:
     """Layer of the non-empty intervals; parents assume proper nesting (a partial overlap
@@ -54,11 +60,31 @@ def make_layer(starts: np.ndarray, ends: np.ndarray, codes: np.ndarray) -> Layer
     return Layer(starts, ends, codes, iv.nesting_parents(starts, ends))
 
 
+def _at_bounds(layer: Layer, t: np.ndarray, query) -> np.ndarray:
+    """``query(layer, t)`` read from its answers at the layer's bounds: each time takes the answer
+    of the last bound at or before it (NONE before the first start). Why: the pieces asked about
+    are often many times the intervals (a CPU engine capture: ~427k pieces, a few thousand spans
+    a thread), and the parent walk then runs its rounds over the bounds, not over every piece."""
+    b = layer.bounds
+    k = iv.search(b, t, side="right") - 1
+    return np.where(k >= 0, query(layer, b)[np.maximum(k, 0)], NONE)
+
+
+_AT_BOUNDS_FROM = 4  # times per interval from which they are answered at the bounds
+
+
 def innermost(layer: Layer, t: np.ndarray) -> np.ndarray:
     """Index of the innermost interval of ``layer`` holding each time in ``t`` (NONE if none)."""
     t = np.asarray(t, np.int64)
     if layer.size == 0:
         return np.full(t.size, NONE, np.int64)
+    if t.size > _AT_BOUNDS_FROM * layer.size:
+        return _at_bounds(layer, t, _innermost)
+    return _innermost(layer, t)
+
+
+def _innermost(layer: Layer, t: np.ndarray) -> np.ndarray:
+    """``innermost`` by search and parent walk at every time."""
     j = iv.search(layer.starts, t, side="right") - 1
     todo = np.flatnonzero(j >= 0)
     while todo.size:
@@ -76,6 +102,13 @@ def covering(layer: Layer, t: np.ndarray) -> np.ndarray:
     t = np.asarray(t, np.int64)
     if layer.size == 0:
         return np.full(t.size, NONE, np.int64)
+    if t.size > _AT_BOUNDS_FROM * layer.size:
+        return _at_bounds(layer, t, _covering)
+    return _covering(layer, t)
+
+
+def _covering(layer: Layer, t: np.ndarray) -> np.ndarray:
+    """``covering`` by search at every time."""
     run_end, run_arg = layer.reach
     j = iv.search(layer.starts, t, side="right") - 1
     out = np.full(t.size, NONE, np.int64)

@@ -298,6 +298,33 @@ def test_innermost_and_covering_match_brute_force(seed):
         assert layer.ends[jo] == max(b for _, b in holds)
 
 
+@pytest.mark.parametrize("seed", range(25))
+def test_answers_read_at_the_bounds_are_the_answers(seed, monkeypatch):
+    """Many times per interval are answered at the layer's bounds (``layers._at_bounds``): the
+    same index as the direct search and parent walk, at every integer time around and on each
+    start and end, sorted or not, for nested and for partly overlapping intervals (where the walk
+    loses an ancestor: the same loss either way)."""
+    from profkit import layers
+
+    rng = np.random.default_rng(seed)
+    if seed % 2:
+        s, e = random_nested(rng, 60)
+    else:  # overlapping, touching, duplicated, empty
+        s = rng.integers(0, 300, 50)
+        e = s + rng.integers(0, 80, 50)
+        s, e = np.r_[s, s[:5]], np.r_[e, e[:5]]
+    layer = make_layer(s, e, np.arange(s.size))
+    t = np.arange(-2, int(e.max()) + 3, dtype=np.int64)
+    times = (t, rng.permutation(t), rng.permutation(t)[: max(layer.size // 2, 1)])
+    for query in (innermost, covering):
+        monkeypatch.setattr(layers, "_AT_BOUNDS_FROM", 10**9)  # never at the bounds
+        direct = [query(layer, x) for x in times]
+        monkeypatch.setattr(layers, "_AT_BOUNDS_FROM", 0)  # always
+        for x, want in zip(times, direct):
+            assert np.array_equal(query(layer, x), want)
+        assert (direct[0] >= 0).any() and (direct[0] == -1).any()
+
+
 def test_split_at_cuts_only_strictly_inside():
     ps, pe, owner = split_at(np.array([0, 10, 20]), np.array([5, 15, 30]), np.array([0, 3, 10, 12, 13, 25, 30]))
     assert list(zip(ps, pe, owner)) == [(0, 3, 0), (3, 5, 0), (10, 12, 1), (12, 13, 1), (13, 15, 1), (20, 25, 2),
