@@ -70,7 +70,7 @@ def _at_bounds(layer: Layer, t: np.ndarray, query) -> np.ndarray:
     return np.where(k >= 0, query(layer, b)[np.maximum(k, 0)], NONE)
 
 
-_AT_BOUNDS_FROM = 4  # times per interval from which they are answered at the bounds
+AT_BOUNDS_FROM = 4  # times per interval from which they are answered at the bounds
 
 
 def innermost(layer: Layer, t: np.ndarray) -> np.ndarray:
@@ -78,7 +78,7 @@ def innermost(layer: Layer, t: np.ndarray) -> np.ndarray:
     t = np.asarray(t, np.int64)
     if layer.size == 0:
         return np.full(t.size, NONE, np.int64)
-    if t.size > _AT_BOUNDS_FROM * layer.size:
+    if t.size > AT_BOUNDS_FROM * layer.size:
         return _at_bounds(layer, t, _innermost)
     return _innermost(layer, t)
 
@@ -102,7 +102,7 @@ def covering(layer: Layer, t: np.ndarray) -> np.ndarray:
     t = np.asarray(t, np.int64)
     if layer.size == 0:
         return np.full(t.size, NONE, np.int64)
-    if t.size > _AT_BOUNDS_FROM * layer.size:
+    if t.size > AT_BOUNDS_FROM * layer.size:
         return _at_bounds(layer, t, _covering)
     return _covering(layer, t)
 

@@ -317,9 +317,9 @@ def test_answers_read_at_the_bounds_are_the_answers(seed, monkeypatch):
     t = np.arange(-2, int(e.max()) + 3, dtype=np.int64)
     times = (t, rng.permutation(t), rng.permutation(t)[: max(layer.size // 2, 1)])
     for query in (innermost, covering):
-        monkeypatch.setattr(layers, "_AT_BOUNDS_FROM", 10**9)  # never at the bounds
+        monkeypatch.setattr(layers, "AT_BOUNDS_FROM", 10**9)  # never at the bounds
         direct = [query(layer, x) for x in times]
-        monkeypatch.setattr(layers, "_AT_BOUNDS_FROM", 0)  # always
+        monkeypatch.setattr(layers, "AT_BOUNDS_FROM", 0)  # always
         for x, want in zip(times, direct):
             assert np.array_equal(query(layer, x), want)
         assert (direct[0] >= 0).any() and (direct[0] == -1).any()
@@ -603,11 +603,13 @@ def _group_every_time(layers, t, query):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_thread_group_answers_as_asking_every_thread_every_time(seed):
+def test_thread_group_answers_as_asking_every_thread_every_time(seed, monkeypatch):
     """Threads asked only between their first start and last end (sorted times), only their hits
-    written: the same codes as every thread asked every time, for both queries, for nested and
-    overlapping spans, empty threads, sorted and unsorted times, times off every thread's range."""
-    from profkit.analyze.overhead_rank import _group
+    written, or the group asked at the threads' bounds and read per time: the same codes as every
+    thread asked every time, for both queries, for nested and overlapping spans, empty threads,
+    sorted and unsorted times, times off every thread's range and on its bounds."""
+    from profkit.analyze import overhead_rank
+    from profkit.analyze.overhead_rank import _group, _group_at
 
     rng = np.random.default_rng(seed)
     layers = []
@@ -617,10 +619,16 @@ def test_thread_group_answers_as_asking_every_thread_every_time(seed):
         starts = origin + rng.integers(0, 2_000, n)
         ends = starts + rng.integers(0, 600, n)  # some empty (dropped), some overlapping, most nested by chance
         layers.append(make_layer(starts, ends, rng.integers(0, 50, n) + 100 * thread))
-    t = np.sort(rng.integers(-500, 9_000, int(rng.integers(1, 400))))
-    for times in (t, rng.permutation(t)):
-        for query in (innermost, covering):
-            got = _group(layers, times, query)
-            assert np.array_equal(got, _group_every_time(layers, times, query))
+    bounds = np.concatenate([x.bounds for x in layers if x.size] or [np.empty(0, np.int64)])
+    t = np.sort(np.r_[rng.integers(-500, 9_000, int(rng.integers(1, 400))), bounds, bounds - 1])
+    for threshold in (10**9, 0):  # times never, or always, answered at the bounds
+        monkeypatch.setattr(overhead_rank, "AT_BOUNDS_FROM", threshold)
+        for times in (t, rng.permutation(t)):
+            for query in (innermost, covering):
+                want = _group_every_time(layers, times, query)
+                assert np.array_equal(_group(layers, times, query), want)
+                at = np.flatnonzero(rng.random(times.size) < 0.3)
+                part = _group_at(layers, times, at, query)
+                assert np.array_equal(part[at], want[at]) and (np.delete(part, at) == -1).all()
     if sum(x.size for x in layers) > 5:  # the data asks something: some times fall in a span
         assert (_group(layers, t, innermost) >= 0).any()
