@@ -207,3 +207,24 @@ def test_streams_of_one_source_are_told_apart_by_category():
                    ev("b.step", 200 * US, 300 * US, source="nsys", category="")])
     assert _one_stream(blank, np.arange(2))
     assert not _one_stream(frame([ev("a", 0, 1, source="nsys"), ev("a", 0, 1, source="kineto")]), np.arange(2))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_codes_read_off_the_column_are_the_factorized_rows(seed):
+    """``_codes_at``: the codes and distinct strings that factorizing the taken rows' strings gives
+    (numbered by first appearance; missing as "" where asked, one value with ""), on Arrow-backed
+    columns as the store gives them."""
+    from profkit.align.dedupe import _codes_at
+    from profkit.distinct import str_objects
+
+    rng = np.random.default_rng(seed)
+    words = np.array(["nvtx", "" if seed % 3 else "z", "profkit", "user_annotation", None], dtype=object)
+    values = pd.Series(rng.choice(words[: 4 + seed % 2], 300), dtype="string[pyarrow]")
+    pos = np.sort(rng.choice(300, int(rng.integers(1, 300)), replace=False))
+    want_codes, want_uni = pd.factorize(str_objects(values.iloc[pos].fillna("")))
+    codes, uni = _codes_at(values, pos, missing="")
+    assert np.array_equal(codes, want_codes) and list(uni) == list(want_uni)
+    full = values.fillna("x")
+    want_codes, want_uni = pd.factorize(str_objects(full.iloc[pos]))
+    codes, uni = _codes_at(full, pos)
+    assert np.array_equal(codes, want_codes) and list(uni) == list(want_uni)
