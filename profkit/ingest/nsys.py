@@ -178,7 +178,7 @@ def _gpu_pids(events: pa.Table) -> dict[int, int | None]:
 def _to_part_table(events: pa.Table) -> pa.Table:
     events = events.sort_by([("start_ns", "ascending"), ("end_ns", "descending")])
     cols = {c: events[c] for c in S.COLUMNS if c in events.column_names}
-    cols["source"] = pa.array([SOURCE] * events.num_rows, pa.string())
+    cols["source"] = pa.repeat(pa.scalar(SOURCE, pa.string()), events.num_rows)
     return S.to_table(cols)
 
 

@@ -158,7 +158,8 @@ _GPU_SCHEMA = [("start_rel", pa.int64()), ("end_rel", pa.int64()), ("device", pa
 
 
 def _const(value: str | None, n: int) -> pa.Array:
-    return pa.array([value] * n, pa.string()) if value is not None else pa.nulls(n, pa.string())
+    """``n`` times ``value`` (a string column of one value: never a Python list of it)."""
+    return pa.repeat(pa.scalar(value, pa.string()), n) if value is not None else pa.nulls(n, pa.string())
 
 
 def _finish(tbl: pa.Table, kind: str, category: str, name: pa.Array, **cols: pa.Array) -> pa.Table:

@@ -47,9 +47,10 @@ def rank_from_name(name: str | None) -> int | None:
 
 def nvtx_rank_claims(events: pa.Table) -> dict[int, set[int]]:
     """pid -> ranks claimed by profkit NVTX payloads in that process."""
-    mask = pc.and_(pc.is_in(events["kind"], pa.array(["cpu_span", "instant"])),
-                   pc.match_substring(events["name"], "rank="))
-    hits = events.filter(pc.fill_null(mask, False)).select(["pid", "name", "category"]).to_pylist()
+    # the NVTX rows first, then their names searched (every event's name: ~57 ms at 371k rows)
+    host = events.select(["pid", "name", "category"]).filter(
+        pc.fill_null(pc.is_in(events["kind"], pa.array(["cpu_span", "instant"])), False))
+    hits = host.filter(pc.fill_null(pc.match_substring(host["name"], "rank="), False)).to_pylist()
     claims: dict[int, set[int]] = {}
     for row in hits:
         name, pid = row["name"], row["pid"]
