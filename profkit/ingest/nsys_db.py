@@ -254,7 +254,7 @@ class StringTable:
         """``id_queries``: SELECTs of one integer column each (the ids that events use)."""
         if not id_queries or "StringIds" not in db.columns:
             return cls(pa.array([], pa.int64()), pa.array([], pa.string()), 0)
-        union = " UNION ".join(id_queries)
+        union = " UNION ALL ".join(id_queries)  # each query's ids distinct already; IN takes a set
         sql = (f"SELECT id, substr(CAST(value AS TEXT), 1, {MAX_TEXT_CHARS}), "
                f"length(CAST(value AS TEXT)) > {MAX_TEXT_CHARS} "
                f"FROM StringIds WHERE id IN ({union})")

@@ -133,7 +133,7 @@ class _Planner:
         for t in tables:
             ref = self.refs.get(t)
             if ref and ref != "NULL":
-                out.append(f'SELECT {ref} FROM "{t}" WHERE typeof({ref}) = \'integer\'')
+                out.append(f'SELECT DISTINCT {ref} FROM "{t}" WHERE typeof({ref}) = \'integer\'')
         return out
 
     def needs_strings(self, tables: list[str]) -> list[str]:
