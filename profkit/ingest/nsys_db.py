@@ -67,7 +67,6 @@ class NsysDb:
         self.con = con
         self.uri = uri  # the read-only URI both drivers open
         self._arrow_con = None  # the ADBC connection, opened at the first fetch_table
-        self.fast_fetches = 0  # fetch_table results ADBC gave (the rest came through sqlite3)
         self.columns: dict[str, set[str]] = {}
         rows = self._execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
         for (name,) in rows:
@@ -119,10 +118,7 @@ class NsysDb:
         that table, else through ``sqlite3``."""
         self._guard(sql)
         fast = None if params else self._fetch_arrow(sql, schema)
-        if fast is not None:
-            self.fast_fetches += 1
-            return fast
-        return self._fetch_rows(sql, schema, params)
+        return fast if fast is not None else self._fetch_rows(sql, schema, params)
 
     def _arrow_connection(self):
         if self._arrow_con is None and self.uri is not None and adbc_sqlite is not None:
