@@ -227,7 +227,8 @@ def _read_db(db: NsysDb, label: Path, pid_to_rank: dict[int, int] | None) -> lis
     parts = []
     for pid in primary_pids:
         group = members[pid]
-        sub = events.filter(pc.is_in(events["pid"], pa.array(sorted(group), pa.int64())))
+        keep = pc.is_in(events["pid"], pa.array(sorted(group), pa.int64()))
+        sub = events if pc.all(keep).as_py() else events.filter(keep)  # one part of every row: no copy
         d = decisions[pid]
         meta = dict(facts.meta)
         meta.update(_part_meta(pid, procs, group, sub, d, primary_pids, cuda_map))
