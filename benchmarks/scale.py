@@ -4,7 +4,7 @@
     python benchmarks/scale.py --full               # + DEP64x1000 and DEP256x200
     python benchmarks/scale.py --ranks 8,32 --steps 100 --executors pool,dask
     python benchmarks/scale.py --quick              # DEP8x20, serial and pool (a smoke test)
-    python benchmarks/scale.py --repeat 3           # each run and floor pass 3 times: their medians
+    python benchmarks/scale.py --repeat 3           # 3 passes (floor, then every run): the medians
     python benchmarks/scale.py --format nsys        # the same captures as nsys SQLite exports
 
 Captures are simulated once (``profkit simulate --ranks N --steps S --seed 1``, Kineto JSON.gz,
@@ -31,7 +31,8 @@ one process and in two; for nsys exports, take each event's start, end and proce
 the strings, out of SQLite (``sqlite3``; and straight into Arrow with the ADBC driver, in one process
 and in two). The table's ``x floor`` is a run's wall time over the fastest parse (or SQLite read).
 One measurement each is noisy on a shared VM (a DEP8 x 100 floor measured 0.31 s and 0.47 s in two
-runs): ``--repeat N`` takes the median of N. Prints markdown tables, the CPU time per stage, and whether the goals of issues #9 and #16 are met; writes a
+runs): ``--repeat N`` makes N passes over each capture, each the floor and then every run once
+(so floor and runs see the machine at the same minutes), and takes the medians. Prints markdown tables, the CPU time per stage, and whether the goals of issues #9 and #16 are met; writes a
 plotly figure to ``--out`` (default benchmarks/results/scale.html) and raw runs to ``--json``.
 """
 from __future__ import annotations
@@ -131,6 +132,19 @@ def median_run(tries: list[dict]) -> dict:
     if not done:
         return tries[0]
     return {**done[(len(done) - 1) // 2], "wall_s_all": [r.get("wall_s") for r in tries]}
+
+
+def merge_floor_passes(passes: list[list[dict]]) -> list[dict]:
+    """Floor rows of several passes (each ``measure_floor`` once) as one: per method and process
+    count, the median of its passes' seconds, each pass's in ``seconds_all``."""
+    merged: dict[tuple[str, int], dict] = {}
+    for rows in passes:
+        for row in rows:
+            key = (row["method"], row["processes"])
+            merged.setdefault(key, {**row, "seconds_all": []})["seconds_all"].append(row["seconds"])
+    for row in merged.values():
+        row["seconds"] = statistics.median(row["seconds_all"])
+    return list(merged.values())
 
 
 def peak_rss_bytes() -> int:
@@ -810,8 +824,8 @@ def main() -> int:
                     help="do not build profkit's compiled JSON scanner and replay before the runs (once per machine, unmeasured); "
                          "without it the first run to read a file of 8 MB or more builds it, ~18 s inside that run")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per capture, executor and cache, and passes per floor method; the tables show each "
-                         "one's median run (each cold run with an emptied cache) and median pass (default 1)")
+                    help="passes per capture, each the floor and then every run once (cold: an emptied cache); "
+                         "the tables show each run's median and each floor method's median (default 1)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed (default 1800)")
     ap.add_argument("--report", type=Path, metavar="JSON", help="measure nothing: print the tables of a --json file again")
     args = ap.parse_args()
@@ -844,35 +858,40 @@ def main() -> int:
     for ranks, steps in grid:
         folder = capture_dir(args.work_dir, ranks, steps, args.format)
         files = trace_files(folder)
-        if not args.no_floor:
-            say(f"floor: DEP{ranks} x {steps}, {len(files)} files")
-            floor = run_child({"floor": True, "files": [str(f) for f in files], "repeat": args.repeat}, child_env(None),
-                              args.timeout)
-            if "error" in floor:
-                say(f"  floor failed: {floor['error']}")
-            else:
-                floors[str(folder)] = [{**row, "n_files": len(files)} for row in floor["rows"]]
-        for executor in executors:
-            cache_dir = args.work_dir / "cache" / f"{folder.name}-{executor}"
-            shutil.rmtree(cache_dir, ignore_errors=True)
-            spec = {"capture": str(folder), "executor": executor, "workers": args.workers, "scheduler": args.scheduler}
-            for cache in caches:
-                if cache == "warm" and "cold" not in caches:  # warm needs a filled cache: fill it unmeasured
-                    run_child(spec, child_env(cache_dir), args.timeout)
-                tries = []
-                for attempt in range(max(args.repeat, 1)):
-                    if cache == "cold":
-                        shutil.rmtree(cache_dir, ignore_errors=True)
-                    say(f"run: DEP{ranks} x {steps}, {executor}, {cache} cache"
-                        + (f" ({attempt + 1} of {args.repeat})" if args.repeat > 1 else ""))
-                    tries.append(run_child(spec, child_env(cache_dir), args.timeout))
-                result = median_run(tries)
-                runs.append({"ranks": ranks, "steps": steps, "executor": executor, "cache": cache,
-                             "capture": str(folder), **result})
-                say("  " + (f"failed: {result['error']}" if "error" in result else
-                            f"{result['wall_s']:.2f} s, {result['events']:,} events, driver {result['driver_peak_bytes'] / MB:,.0f} MB"))
-                save()
-            shutil.rmtree(cache_dir, ignore_errors=True)
+        # with --repeat, each pass measures the floor and then every run once: the floor and the
+        # runs see the machine at the same minutes (this VM's speed moves by a third in an hour)
+        passes: list[list[dict]] = []
+        tries: dict[tuple[str, str], list[dict]] = {}
+        for attempt in range(max(args.repeat, 1)):
+            of = f" ({attempt + 1} of {args.repeat})" if args.repeat > 1 else ""
+            if not args.no_floor:
+                say(f"floor: DEP{ranks} x {steps}, {len(files)} files{of}")
+                floor = run_child({"floor": True, "files": [str(f) for f in files]}, child_env(None), args.timeout)
+                if "error" in floor:
+                    say(f"  floor failed: {floor['error']}")
+                else:
+                    passes.append(floor["rows"])
+            for executor in executors:
+                cache_dir = args.work_dir / "cache" / f"{folder.name}-{executor}"
+                shutil.rmtree(cache_dir, ignore_errors=True)  # every pass's first run is cold
+                spec = {"capture": str(folder), "executor": executor, "workers": args.workers,
+                        "scheduler": args.scheduler}
+                for cache in caches:
+                    if cache == "warm" and "cold" not in caches:  # warm needs a filled cache: fill it unmeasured
+                        run_child(spec, child_env(cache_dir), args.timeout)
+                    say(f"run: DEP{ranks} x {steps}, {executor}, {cache} cache{of}")
+                    result = run_child(spec, child_env(cache_dir), args.timeout)
+                    tries.setdefault((executor, cache), []).append(result)
+                    say("  " + (f"failed: {result['error']}" if "error" in result else
+                                f"{result['wall_s']:.2f} s, {result['events']:,} events, "
+                                f"driver {result['driver_peak_bytes'] / MB:,.0f} MB"))
+                shutil.rmtree(cache_dir, ignore_errors=True)
+        if passes:
+            floors[str(folder)] = [{**row, "n_files": len(files)} for row in merge_floor_passes(passes)]
+        for (executor, cache), measured in tries.items():
+            runs.append({"ranks": ranks, "steps": steps, "executor": executor, "cache": cache,
+                         "capture": str(folder), **median_run(measured)})
+        save()
     report(runs, floors, header, args.out)
     return 1 if runs and all("error" in r for r in runs) else 0
 

@@ -160,3 +160,14 @@ def test_nsys_exports_get_a_sqlite_floor_of_their_event_rows():
     assert mod.floor_seconds(rows) == min(r["seconds"] for r in sqlite_rows)
     json_rows = mod.measure_floor(sorted((REPO / "sample_traces" / "vllm-0.26-h200").rglob("*.json.gz")))
     assert not any("SQLite" in r["method"] for r in json_rows) and any("orjson" in r["method"] for r in json_rows)
+
+
+def test_floor_passes_merge_into_each_methods_median():
+    mod = benchmark_module("scale")
+    row = {"file_bytes": 10, "json_bytes": 20, "raw_events": 3}
+    passes = [[{**row, "method": "a", "processes": 1, "seconds": s}, {**row, "method": "a", "processes": 2, "seconds": 9.0}]
+              for s in (3.0, 1.0, 2.0)]
+    merged = {(r["method"], r["processes"]): r for r in mod.merge_floor_passes(passes)}
+    assert merged[("a", 1)]["seconds"] == 2.0 and merged[("a", 1)]["seconds_all"] == [3.0, 1.0, 2.0]
+    assert merged[("a", 2)]["seconds"] == 9.0 and merged[("a", 2)]["raw_events"] == 3
+    assert len(merged) == 2
