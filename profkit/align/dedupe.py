@@ -171,8 +171,8 @@ def _codes_at(values: pd.Series, pos: np.ndarray, missing: str | None = None) ->
         else:
             uniques = np.append(uniques, np.array([missing], dtype=object))
             at = np.where(at < 0, uniques.size - 1, at)
-    local, seen = pd.factorize(at)
-    return local.astype(np.int64), np.asarray(uniques[seen], dtype=object)
+    local, seen = distinct.first_appearance(at, uniques.size)
+    return local, np.asarray(uniques[seen], dtype=object)
 
 
 def _one_stream(events: pd.DataFrame, pos: np.ndarray) -> bool:
