@@ -60,14 +60,19 @@ def make_layer(starts: np.ndarray, ends: np.ndarray, codes: np.ndarray) -> Layer
     return Layer(starts, ends, codes, iv.nesting_parents(starts, ends))
 
 
+def at_bounds(bounds: np.ndarray, t: np.ndarray, answer) -> np.ndarray:
+    """A query's answers at times ``t`` read from ``answer(bounds)``, its answers at the sorted,
+    distinct ``bounds`` between which it cannot change: each time takes the answer of the last
+    bound at or before it (NONE before the first). Why: the pieces asked about are often many
+    times the intervals (a CPU engine capture: ~427k pieces, a few thousand spans a thread), and
+    the query then runs over the bounds, not over every piece."""
+    k = iv.search(bounds, t, side="right") - 1
+    return np.where(k >= 0, answer(bounds)[np.maximum(k, 0)], NONE)
+
+
 def _at_bounds(layer: Layer, t: np.ndarray, query) -> np.ndarray:
-    """``query(layer, t)`` read from its answers at the layer's bounds: each time takes the answer
-    of the last bound at or before it (NONE before the first start). Why: the pieces asked about
-    are often many times the intervals (a CPU engine capture: ~427k pieces, a few thousand spans
-    a thread), and the parent walk then runs its rounds over the bounds, not over every piece."""
-    b = layer.bounds
-    k = iv.search(b, t, side="right") - 1
-    return np.where(k >= 0, query(layer, b)[np.maximum(k, 0)], NONE)
+    """``query(layer, t)`` read at the layer's bounds (``at_bounds``)."""
+    return at_bounds(layer.bounds, t, lambda b: query(layer, b))
 
 
 AT_BOUNDS_FROM = 4  # times per interval from which they are answered at the bounds

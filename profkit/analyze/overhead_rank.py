@@ -17,7 +17,8 @@ from profkit import intervals as iv
 from profkit.analyze import overhead_host as host
 from profkit.analyze import overhead_names as nm
 from profkit.analyze import vocabulary as vc
-from profkit.layers import AT_BOUNDS_FROM, Layer, codes_at, covering, innermost, make_layer, split_at
+from profkit.layers import (AT_BOUNDS_FROM, Layer, at_bounds, codes_at, covering, innermost, make_layer,
+                            split_at)
 from profkit.analyze.vocabulary import (
     BETWEEN_STEPS, CPU_OP, GC, HOST_SYNC, LAUNCH_BOUND, NO_HOST, PYTHON, SAMPLE, SELF, SPAN, UNATTRIBUTED, WAIT,
 )
@@ -400,8 +401,7 @@ def _group(layers: list[Layer], t: np.ndarray, query) -> np.ndarray:
         # every thread's answer changes only at its own starts and ends: answer at all of them
         # (each thread searched once per bound, not once per time), each time reads its bound's
         bounds = iv.unique_sorted(np.concatenate([layer.bounds for layer in layers if layer.size]))
-        k = iv.search(bounds, t, side="right") - 1
-        return np.where(k >= 0, _group_each(layers, bounds, query)[np.maximum(k, 0)], -1)
+        return at_bounds(bounds, t, lambda b: _group_each(layers, b, query))
     return _group_each(layers, t, query)
 
 
