@@ -466,24 +466,28 @@ def floor_methods(files: list[Path]) -> list[tuple[str, object, int]]:
 
 
 def measure_floor(files: list[Path], repeat: int = 1) -> list[dict]:
-    """Each floor method over every file: seconds (the median of ``repeat`` passes, each pass in
-    ``seconds_all``), compressed and JSON bytes, raw trace events (or SQLite rows)."""
+    """Each floor method over every file, ``repeat`` passes of every method: seconds (each method's
+    median pass, each pass in ``seconds_all``: ``merge_floor_passes``), compressed and JSON bytes,
+    raw trace events (or SQLite rows)."""
+    return merge_floor_passes([_floor_pass(files) for _ in range(max(repeat, 1))])
+
+
+def _floor_pass(files: list[Path]) -> list[dict]:
+    """Each floor method over every file once."""
     rows = []
     for label, fn, procs in floor_methods(files):
-        passes = []
-        for _ in range(max(repeat, 1)):
-            if procs == 1:
+        if procs == 1:
+            t0 = time.perf_counter()
+            sizes = [fn(p) for p in files]
+            seconds = time.perf_counter() - t0
+        else:
+            with concurrent.futures.ProcessPoolExecutor(procs) as pool:
+                list(pool.map(_read, files[:procs]))  # start the workers outside the timing
                 t0 = time.perf_counter()
-                sizes = [fn(p) for p in files]
-                passes.append(time.perf_counter() - t0)
-            else:
-                with concurrent.futures.ProcessPoolExecutor(procs) as pool:
-                    list(pool.map(_read, files[:procs]))  # start the workers outside the timing
-                    t0 = time.perf_counter()
-                    sizes = list(pool.map(fn, files))
-                    passes.append(time.perf_counter() - t0)
+                sizes = list(pool.map(fn, files))
+                seconds = time.perf_counter() - t0
         rows.append({
-            "method": label, "processes": procs, "seconds": statistics.median(passes), "seconds_all": passes,
+            "method": label, "processes": procs, "seconds": seconds,
             "file_bytes": sum(s[0] for s in sizes), "json_bytes": sum(s[1] for s in sizes), "raw_events": sum(s[2] for s in sizes),
         })
     return rows
