@@ -20,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
 from profkit.analyze.stages import Batch, SerialExecutor, stage_name
+from profkit.scale import collector
 from profkit.scale.allocator import keep_freed_memory
 from profkit.errors import ScaleError
 
@@ -48,6 +49,13 @@ def start_method() -> str:
     return "spawn"
 
 
+def _start_worker() -> None:
+    """A pool worker's own settings (the workers are ours, never the caller's process): glibc keeps
+    what it frees (``allocator``), the collector looks less often (``collector``)."""
+    keep_freed_memory()
+    collector.in_worker()
+
+
 class PoolExecutor(SerialExecutor):
     """A local process pool; its workers fork or spawn (``start_method``), once per pool."""
 
@@ -62,7 +70,7 @@ class PoolExecutor(SerialExecutor):
         if self._pool is None:
             self.method = start_method()
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(self.method),
-                                             initializer=keep_freed_memory)  # the workers are ours: see allocator
+                                             initializer=_start_worker)
         return self._pool
 
     def _submit_all(self, pool: ProcessPoolExecutor, fn: Callable, calls: Sequence[tuple], pending: list[int]) -> dict:

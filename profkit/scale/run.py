@@ -20,6 +20,7 @@ from profkit.analyze.result import Analysis
 from profkit.analyze.store import DiskStore
 from profkit.ingest import readers, scanned
 from profkit.ingest.loader import Capture, RankMap, describe_parts, discover, resolve_ranks
+from profkit.scale.collector import fewer_collections
 from profkit.scale.executors import make_executor, start_method
 
 
@@ -115,15 +116,16 @@ def analyze_paths(
     paths = list(paths)
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
-    files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
-    try:
-        capture, keys, stats, prepared = _read(files, skipped, rank_map, store, ex, say, step_pattern)
-        analysis = run_stages(capture, keys, store, ex, step_pattern, expert_loads, keep_aligned=keep_aligned,
-                              stats=stats, progress=say, prepared=prepared)
-    finally:
-        ex.close()
-        if not keep_aligned:
-            store.close()
+    with fewer_collections():  # frozen before the pool's workers fork: see collector
+        files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
+        try:
+            capture, keys, stats, prepared = _read(files, skipped, rank_map, store, ex, say, step_pattern)
+            analysis = run_stages(capture, keys, store, ex, step_pattern, expert_loads, keep_aligned=keep_aligned,
+                                  stats=stats, progress=say, prepared=prepared)
+        finally:
+            ex.close()
+            if not keep_aligned:
+                store.close()
     analysis.store = store if keep_aligned else None
     say(f"analyzed in {time.perf_counter() - t_start:.1f} s")
     return analysis
@@ -167,23 +169,24 @@ def merge_paths(
 
     paths = list(paths)
     say = progress or (lambda msg: None)
-    files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
-    try:
-        capture, keys, _, prepared = _read(files, skipped, rank_map, store, ex, say)
-        if not keys:
-            return None, capture
-        prep, alignment = prepare_ranks(capture, keys, store, ex, None, align=align, prepared=prepared,
-                                        keep_instances=False)  # the merge reads the clocks only
-        ex.close()  # the merge itself runs here, one rank at a time: the workers are done
-        with_events = [p.rank for p in prep if p.n_events]
-        result = merge_ranks(StoreSource(store, capture, with_events), out_path, alignment=alignment,
-                             progress=progress, **merge_options)
-        if not align:
-            result.notes = [NOT_ALIGNED.format(why="alignment was switched off")
-                            if n.startswith("clocks not aligned") else n for n in result.notes]
-    finally:
-        ex.close()
-        store.close()
+    with fewer_collections():
+        files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
+        try:
+            capture, keys, _, prepared = _read(files, skipped, rank_map, store, ex, say)
+            if not keys:
+                return None, capture
+            prep, alignment = prepare_ranks(capture, keys, store, ex, None, align=align, prepared=prepared,
+                                            keep_instances=False)  # the merge reads the clocks only
+            ex.close()  # the merge itself runs here, one rank at a time: the workers are done
+            with_events = [p.rank for p in prep if p.n_events]
+            result = merge_ranks(StoreSource(store, capture, with_events), out_path, alignment=alignment,
+                                 progress=progress, **merge_options)
+            if not align:
+                result.notes = [NOT_ALIGNED.format(why="alignment was switched off")
+                                if n.startswith("clocks not aligned") else n for n in result.notes]
+        finally:
+            ex.close()
+            store.close()
     return result, capture
 
 
