@@ -618,7 +618,7 @@ class SerialExecutor:
 
         return Batch(run)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:  # noqa: ARG002 - its tasks ran in this process
         pass
 
     def __enter__(self):

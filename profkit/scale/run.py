@@ -122,8 +122,12 @@ def analyze_paths(
             capture, keys, stats, prepared = _read(files, skipped, rank_map, store, ex, say, step_pattern)
             analysis = run_stages(capture, keys, store, ex, step_pattern, expert_loads, keep_aligned=keep_aligned,
                                   stats=stats, progress=say, prepared=prepared)
-        finally:
+        except BaseException:
             ex.close()
+            raise
+        else:
+            ex.close(wait=False)  # every task is done: the workers exit while the caller goes on
+        finally:
             if not keep_aligned:
                 store.close()
     analysis.store = store if keep_aligned else None
