@@ -493,3 +493,20 @@ def test_default_pool_runs_a_small_capture_in_this_process(tmp_path, monkeypatch
         ex.close()
         store.close()
     assert run.small_capture_bytes() == (run.SMALL_FORKED_CAPTURE_BYTES if start == "fork" else run.SMALL_CAPTURE_BYTES)
+
+
+def test_the_driver_gives_freed_memory_back_only_on_large_captures(dep12, serial12, monkeypatch):
+    """``pipeline.TRIM_MIN_EVENTS``: below it the driver keeps what it frees (its heap is small, and
+    the trims cost the waiting workers more than they give back); from it up, it trims between
+    stages (in the straggler verdicts too). The tables are the same either way."""
+    from profkit.analyze import pipeline
+
+    calls = []
+    monkeypatch.setattr(pipeline, "_trim", lambda: calls.append(1))
+    small = analyze_paths([dep12], executor="serial")
+    assert calls == []
+    monkeypatch.setattr(pipeline, "TRIM_MIN_EVENTS", 1)
+    large = analyze_paths([dep12], executor="serial")
+    assert len(calls) >= 5  # after the prepare, before and after the verdicts (and inside them), in the impact
+    _assert_same(small, serial12, "kept")
+    _assert_same(large, serial12, "trimmed")

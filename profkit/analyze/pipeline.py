@@ -10,6 +10,7 @@ pool or Dask, so both give the same tables. The result, ``Analysis``, is defined
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import pandas as pd
@@ -71,12 +72,13 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     ranks = sorted(keys)
     labels = [f"rank {r}" for r in ranks]
     _warm_up_replay(capture)
+    trim = _trim if capture.event_count >= TRIM_MIN_EVENTS else _keep
     # map 1 + reduce: clocks and the step marker
     # the raw-clock instances are kept only with the aligned events; the aligned ones are matched again below
     prep, alignment = prepare_ranks(capture, keys, store, ex, step_pattern, prepared=prepared,
                                     keep_instances=keep_aligned, keep_candidates=True)
     stats += [p.stats for p in prep]
-    _trim()
+    trim()
     warnings = [f"alignment: {w}" for w in alignment.warnings] if alignment is not None else []
     chosen = choose_step_marker([p.markers for p in prep], step_pattern)
     sync_names = _sync_names(prep, alignment)
@@ -161,16 +163,16 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         phases = WindowPhases.join([f.phases for f in fin]) if plan.measured else None
         for f in fin:
             f.phases = None
-        _trim()
-        per_rank, per_instance, lateness = finish_stragglers(plan, phases, released=_trim)
+        trim()
+        per_rank, per_instance, lateness = finish_stragglers(plan, phases, released=trim)
         del phases
         del fin
         plan.host_w = plan.gpu_w = plan.acc_w = None  # the windows were summed: the verdicts are made
         plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the programs hold what is left to use
-        _trim()
+        trim()
         episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
         # reduce of map 4: the what-if replay over every rank's program
-        impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside)
+        impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside, trim)
     finally:
         if beside is not None:
             beside.cancel()  # (failed before it was used: no task is submitted to a closing executor)
@@ -317,7 +319,8 @@ def _submit_programs(plan, steps: pd.DataFrame, store, ex, ranks: list[int], lab
                      labels)
 
 
-def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside: "_Then | None" = None):
+def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside: "_Then | None" = None,
+            trim: Callable[[], None] | None = None):
     """The impact table: the per-rank programs (``_submit_programs``) with the GPU work of the
     straggler ranks' GPU phases (a small map, where they have any), the replay on the driver;
     ``beside``: the scenarios a worker replayed meanwhile (``_replay_beside``), taken where the
@@ -346,7 +349,7 @@ def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, be
     try:
         graph = rp.build_graph(programs, consume=True)
         del programs  # the joined graph holds the same points: the replay's matrices come after
-        _trim()
+        (trim or _trim)()
         early = _beside_results(beside)  # built meanwhile: wait for the worker now
         if early is not None:
             stats.append(early.stats)
@@ -462,15 +465,31 @@ def _warm_up_replay(capture: Capture) -> None:
     threading.Thread(target=warm, name="profkit-replay-warm-up", daemon=True).start()
 
 
+# captures of this many events or more give the driver's freed memory back between stages; below,
+# its heap is a few hundred MB at most (DEP32 x 100, 1.2 M events: 320-350 MB) and the 5-7 trims
+# cost more than they give back (9 ms a run at DEP8 x 100, 25 ms at DEP32 x 100, mostly while the
+# workers wait for the driver)
+TRIM_MIN_EVENTS = 2_000_000
+
+
 def _trim() -> None:
     """Give freed memory back to the OS between stages (glibc keeps it otherwise, and the next
     stage's peak stacks on top): the driver's peak is what the benchmark and the user see."""
     try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+
+
+def _keep() -> None:
+    """``_trim`` where the capture is small (``TRIM_MIN_EVENTS``): the freed memory is kept."""
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL("libc.so.6")
 
 
 def _concat(frames: list[pd.DataFrame], empty: pd.DataFrame | None) -> pd.DataFrame | None:
