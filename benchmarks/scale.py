@@ -53,6 +53,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -105,6 +106,7 @@ def child(spec: dict) -> dict:
     t1, c1 = time.perf_counter(), time.process_time()
     analysis = analyze_paths([spec["capture"]], **options)
     wall_s, driver_cpu_s = time.perf_counter() - t1, time.process_time() - c1
+    reap_pool_workers()  # for RUSAGE_CHILDREN below
     stats = getattr(analysis, "run_stats", None)
     workers = worker_peaks(stats)
     in_driver = workers.pop(f"{socket.gethostname()}:{os.getpid()}", None)  # tasks the driver ran itself
@@ -145,6 +147,15 @@ def merge_floor_passes(passes: list[list[dict]]) -> list[dict]:
     for row in merged.values():
         row["seconds"] = statistics.median(row["seconds_all"])
     return list(merged.values())
+
+
+def reap_pool_workers(timeout_s: float = 60.0) -> None:
+    """Wait until the pool's workers have exited and been reaped: ``analyze_paths`` returns while
+    they exit (``PoolExecutor.close``), and RUSAGE_CHILDREN counts only children already waited for.
+    The pool's manager thread joins them, then ends."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(timeout_s)
 
 
 def peak_rss_bytes() -> int:

@@ -171,3 +171,33 @@ def test_floor_passes_merge_into_each_methods_median():
     assert merged[("a", 1)]["seconds"] == 2.0 and merged[("a", 1)]["seconds_all"] == [3.0, 1.0, 2.0]
     assert merged[("a", 2)]["seconds"] == 9.0 and merged[("a", 2)]["raw_events"] == 3
     assert len(merged) == 2
+
+
+def test_a_run_waits_for_the_pools_workers_before_counting_their_cpu(monkeypatch):
+    """``analyze_paths`` returns while its pool's workers exit (``PoolExecutor.close(wait=False)``);
+    RUSAGE_CHILDREN counts a child only once it is reaped, so the benchmarks wait for them first
+    (``reap_pool_workers``): a worker that burned 0.3 s of CPU is counted then, and none is left."""
+    import multiprocessing
+    import resource
+
+    from profkit.scale.executors import START_ENV, PoolExecutor
+
+    mod = _scale_module()
+    monkeypatch.setenv(START_ENV, "fork")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ex = PoolExecutor(1)
+    assert ex.map(_burn, [(0.3,)], ["rank 0"]) == [True]
+    ex.close(wait=False)
+    mod.reap_pool_workers()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert not multiprocessing.active_children()
+    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) >= 0.25
+
+
+def _burn(seconds: float) -> bool:
+    import time
+
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return True
