@@ -352,22 +352,43 @@ MIN_EXIT_PAIRS = 5  # instances per direction of a rank pair before the exit lag
 def last_arriver_flags(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row: (clear, is_last). ``clear``: the row's instance has one rank arriving at least
     EXIT_MARGIN_NS after all others (on the aligned clocks); ``is_last``: this row is that rank."""
+    clear, last, _ = _arrivals_sorted(obs, table, t0_ns)
+    return clear, last
+
+
+def _rank_clocks(table: pd.DataFrame, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's rank's offset and drift in ``table`` (0 for a rank it lacks)."""
     by = table.set_index("rank")
-    r = obs["rank"].to_numpy()
-    start = to_reference(obs["start_ns"].to_numpy(np.int64), by["offset_ns"].reindex(r).fillna(0).to_numpy(np.int64),
-                         by["drift_ppm"].reindex(r).fillna(0.0).to_numpy(), t0_ns)
-    df = pd.DataFrame({"instance": obs["instance"].to_numpy(), "start": start})
-    df = df.sort_values(["instance", "start"], kind="stable")
-    pos_from_end = df.groupby("instance").cumcount(ascending=False).to_numpy()
-    last_start = df.groupby("instance")["start"].transform("max").to_numpy()
-    second = df["start"].where(pos_from_end == 1).groupby(df["instance"]).transform("max").to_numpy()
-    clear = (last_start - second) >= EXIT_MARGIN_NS
-    pos = df.index.to_numpy()  # row positions in obs (df was built on a RangeIndex, then sorted)
-    clear_s = np.zeros(len(obs), dtype=bool)
-    last_s = np.zeros(len(obs), dtype=bool)
-    clear_s[pos] = clear
-    last_s[pos] = pos_from_end == 0
-    return clear_s, last_s
+    return (by["offset_ns"].reindex(rank).fillna(0).to_numpy(np.int64),
+            by["drift_ppm"].reindex(rank).fillna(0.0).to_numpy())
+
+
+def _arrivals_sorted(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int
+                     ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """``last_arriver_flags`` with the rows sorted by (instance, aligned start), ties in row order:
+    (order, each sorted row's exclusive group end), for the pairs ``exit_lag_ns`` makes of them.
+    Groups of sorted arrays, not groupby transforms of a frame (a tenth of the time)."""
+    rank = obs["rank"].to_numpy()
+    off, drift = _rank_clocks(table, rank)
+    start = to_reference(obs["start_ns"].to_numpy(np.int64), off, drift, t0_ns)
+    inst = obs["instance"].to_numpy()
+    n = len(inst)
+    order = np.lexsort((start, inst))
+    s_inst, s_start = inst[order], start[order]
+    heads = np.flatnonzero(np.r_[True, s_inst[1:] != s_inst[:-1]]) if n else np.empty(0, np.int64)
+    sizes = np.diff(np.r_[heads, n]).astype(np.int64)
+    end_of, size_of = np.repeat(heads + sizes, sizes), np.repeat(sizes, sizes)
+    last_start = s_start[end_of - 1]
+    # the second-latest start as a float (NaN in an instance of one row), as a groupby max of a
+    # ``where`` had it: the int64 - float64 difference is then the one that was compared
+    second = np.where(size_of >= 2, s_start[np.maximum(end_of - 2, 0)].astype(np.float64), np.nan)
+    with np.errstate(invalid="ignore"):
+        clear_sorted = (last_start - second) >= EXIT_MARGIN_NS
+    clear = np.zeros(n, dtype=bool)
+    last = np.zeros(n, dtype=bool)
+    clear[order] = clear_sorted
+    last[order] = end_of - 1 == np.arange(n)
+    return clear, last, (order, end_of)
 
 
 def exit_lag_ns(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int) -> tuple[int | None, int]:
@@ -382,31 +403,39 @@ def exit_lag_ns(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int) -> tuple[int
     k = obs[obs["tier"].to_numpy() == KERNEL_TIER]
     if k.empty:
         return None, 0
-    clear, last = last_arriver_flags(k, table, t0_ns)
-    by = table.set_index("rank")
-    r = k["rank"].to_numpy()
-    end = to_reference(k["end_ns"].to_numpy(np.int64), by["offset_ns"].reindex(r).fillna(0).to_numpy(np.int64),
-                       by["drift_ppm"].reindex(r).fillna(0.0).to_numpy(), t0_ns)
-    df = pd.DataFrame({"instance": k["instance"].to_numpy(), "rank": r, "end": end, "clear": clear, "last": last})
-    df = df[df["clear"]]
-    lasts = df[df["last"]][["instance", "rank", "end"]].rename(columns={"rank": "last_rank", "end": "last_end"})
-    pairs = df[~df["last"]].merge(lasts, on="instance")
-    if pairs.empty:
+    clear, last, (order, end_of) = _arrivals_sorted(k, table, t0_ns)
+    rank = k["rank"].to_numpy().astype(np.int64)
+    off, drift = _rank_clocks(table, k["rank"].to_numpy())
+    end = to_reference(k["end_ns"].to_numpy(np.int64), off, drift, t0_ns)
+    # each clear instance's other rows against its last row (one per instance: its latest start)
+    s_rank, s_end = rank[order], end[order]
+    pair = (clear & ~last)[order]
+    if not pair.any():
         return None, 0
-    pairs["d"] = pairs["end"] - pairs["last_end"]
-    per = pairs.groupby(["rank", "last_rank"])["d"].agg(["median", "size"]).reset_index()
-    rev = per.rename(columns={"rank": "last_rank", "last_rank": "rank", "median": "median_rev", "size": "size_rev"})
-    both = per.merge(rev, on=["rank", "last_rank"])
-    both = both[(both["rank"] < both["last_rank"]) & (both["size"] >= MIN_EXIT_PAIRS)
-                & (both["size_rev"] >= MIN_EXIT_PAIRS)]
-    if both.empty:
-        return None, int(len(pairs))
-    lag = 0.5 * (both["median"] + both["median_rev"])
-    weight = np.minimum(both["size"], both["size_rev"]).to_numpy()
-    order = np.argsort(lag.to_numpy())
+    who, d = s_rank[pair], s_end[pair] - s_end[end_of[pair] - 1]
+    by = s_rank[end_of[pair] - 1]
+    low = min(int(who.min()), int(by.min()))
+    span = max(int(who.max()), int(by.max())) - low + 1
+    key = (who - low) * span + (by - low)  # (rank, last rank), in their sort order
+    o = np.lexsort((d, key))
+    key, d = key[o], d[o]
+    heads = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    size = np.diff(np.r_[heads, key.size])
+    lo, hi = heads + (size - 1) // 2, heads + size // 2
+    median = np.where(size % 2 == 1, d[lo].astype(np.float64), (d[lo].astype(np.float64) + d[hi]) / 2.0)
+    keys = key[heads]
+    a, b = keys // span, keys % span
+    rev = np.searchsorted(keys, b * span + a)
+    rev = np.minimum(rev, keys.size - 1)
+    both = (a < b) & (keys[rev] == b * span + a) & (size >= MIN_EXIT_PAIRS) & (size[rev] >= MIN_EXIT_PAIRS)
+    if not both.any():
+        return None, int(pair.sum())
+    lag = 0.5 * (median[both] + median[rev[both]])
+    weight = np.minimum(size[both], size[rev[both]])
+    order = np.argsort(lag)
     cum = np.cumsum(weight[order])
-    median = float(lag.to_numpy()[order][np.searchsorted(cum, cum[-1] / 2.0)])
-    return int(np.rint(median)), int(weight.sum())
+    mid = float(lag[order][np.searchsorted(cum, cum[-1] / 2.0)])
+    return int(np.rint(mid)), int(weight.sum())
 
 
 def without_exit_lag(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int, lag_ns: int) -> pd.DataFrame:
