@@ -332,16 +332,17 @@ def _row(r, fit, method, comp, resid, window, t0_ns) -> dict:
 
 
 def _warn_wild(table: pd.DataFrame, warnings: list[str]) -> None:
-    """Fits that are numerically fine but physically doubtful deserve a line of their own."""
-    for row in table.itertuples():
-        if row.method != "collective_ends":
+    """Fits that are numerically fine but physically doubtful deserve a line of their own.
+    Row by row over the columns' values (``itertuples`` made a named tuple class each call)."""
+    cols = ("rank", "method", "drift_ppm", "drift_stderr_ppm", "error_bound_ns", "n_points", "end_source")
+    for rank, method, drift, drift_se, bound, n_points, source in zip(*(table[c].tolist() for c in cols)):
+        if method != "collective_ends":
             continue
-        if abs(row.drift_ppm) > MAX_PLAUSIBLE_DRIFT_PPM:
-            warnings.append(f"rank {row.rank}: fitted drift {row.drift_ppm:.0f} ppm is implausible for a host clock "
-                            f"(± {row.drift_stderr_ppm:.0f} ppm): few or noisy shared ends")
-        if pd.notna(row.error_bound_ns) and row.error_bound_ns > 100_000:
-            warnings.append(f"rank {row.rank}: alignment error bound {row.error_bound_ns / 1e3:.0f} us "
-                            f"({row.n_points} ends from {row.end_source})")
+        if abs(drift) > MAX_PLAUSIBLE_DRIFT_PPM:
+            warnings.append(f"rank {rank}: fitted drift {drift:.0f} ppm is implausible for a host clock "
+                            f"(± {drift_se:.0f} ppm): few or noisy shared ends")
+        if pd.notna(bound) and bound > 100_000:
+            warnings.append(f"rank {rank}: alignment error bound {bound / 1e3:.0f} us ({n_points} ends from {source})")
 
 
 # ---- the last arriver's early exit -------------------------------------------------------------
