@@ -1,6 +1,7 @@
 """Switches read from the environment (``PROFKIT_CACHE``, ``PROFKIT_GC``, ``PROFKIT_NVTX``,
 ``PROFKIT_MALLOC``, ``PROFKIT_ANALYSIS_GC``): one reading of "off" for all of them, so a user's
-``OFF`` or ``False`` turns any of them off alike. A base module: the instrumentation inside every rank reads it too."""
+``OFF`` or ``False`` turns any of them off alike. A base module: the instrumentation inside every
+rank reads it too."""
 from __future__ import annotations
 
 import os

@@ -324,7 +324,9 @@ def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, be
     """The impact table: the per-rank programs (``_submit_programs``) with the GPU work of the
     straggler ranks' GPU phases (a small map, where they have any), the replay on the driver;
     ``beside``: the scenarios a worker replayed meanwhile (``_replay_beside``), taken where the
-    straggler ranks' GPU work joined here does not change them (``impact._taken``)."""
+    straggler ranks' GPU work joined here does not change them (``impact._taken``). ``trim``: how
+    the driver gives freed memory back once the graph is built (``_trim``, or ``_keep`` on a small
+    capture: ``TRIM_MIN_EVENTS``)."""
     from profkit.analyze import impact as impact_mod
     from profkit.analyze import impact_program
 
@@ -349,7 +351,7 @@ def _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, be
     try:
         graph = rp.build_graph(programs, consume=True)
         del programs  # the joined graph holds the same points: the replay's matrices come after
-        (trim or _trim)()
+        (trim or _trim)()  # the graph holds the points now: the programs' memory goes back
         early = _beside_results(beside)  # built meanwhile: wait for the worker now
         if early is not None:
             stats.append(early.stats)

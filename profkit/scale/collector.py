@@ -9,7 +9,7 @@ the twenty-fourth round):
   made: pandas', pyarrow's, ~66k) taking 40-60 ms of it, in the middle of its reduces while
   the workers wait; the workers: 30-45 ms each;
 - DEP32 x 1,000: driver 140 ms, workers 85-150 ms each (one full pass took 107 ms);
-- with both changes below: the driver 15-30 ms, each worker ~1 ms.
+- with both changes below: the driver 10-30 ms, each worker ~1 ms.
 
 What, for the length of one analysis (``scale.run.analyze_paths``, ``merge_paths``):
 
