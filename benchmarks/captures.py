@@ -44,8 +44,8 @@ t0 = time.perf_counter()
 analysis = analyze_paths([sys.argv[2]])
 wall = time.perf_counter() - t0
 sys.path.insert(0, sys.argv[3])
-from scale import reap_pool_workers  # the pool's workers exit after the call returns: their CPU counts once reaped
-reap_pool_workers()
+from scale import reap_pool_workers  # this checkout's benchmarks
+reap_pool_workers()  # the pool's workers exit after the call returns: their CPU counts once they are reaped
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": wall, "ranks": len(analysis.ranks),
                   "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
@@ -64,7 +64,8 @@ def kineto_traces(capture: Path) -> list[Path]:
 
 def run_once(checkout: Path, capture: Path) -> dict:
     """One cold analysis of ``capture`` with ``checkout``'s profkit, in a fresh interpreter."""
-    done = subprocess.run([sys.executable, "-c", _RUN, str(checkout), str(capture), str(REPO / "benchmarks")], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", _RUN, str(checkout), str(capture), str(REPO / "benchmarks")],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{capture} with {checkout}: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
