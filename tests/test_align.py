@@ -317,7 +317,7 @@ def test_apply_keeps_dtypes_nulls_and_order(real):
 
 
 def test_one_rank_frames_move_as_in_the_whole_frame(real):
-    """A rank's rows alone (the scalar offset and drift of ``_rank_clocks``) move exactly as they
+    """A rank's rows alone (the scalar offset and drift of ``clock.rank_clocks``) move exactly as they
     do inside every rank's frame (per-row arrays); a rank the table lacks, or whose drift is
     missing, stays put; a table with a rank twice is refused."""
     ev, base, aligned = real["torch_clean"]

@@ -77,3 +77,23 @@ def _same_dtype(values: np.ndarray, valid: np.ndarray | None, dtype):
     if isinstance(dtype, np.dtype) and valid is None:
         return values.astype(dtype, copy=False)
     return pd.arrays.IntegerArray(values, np.zeros(values.size, bool) if valid is None else ~valid)
+
+
+def rank_clocks(table: pd.DataFrame, ranks: np.ndarray) -> tuple:
+    """Each row's rank's offset (int64) and drift (float64) in the rank table ``table``: 0 where
+    it has no row for the rank, or no value; scalars where every row is of one rank (a rank
+    task's tables: no per-row arrays to make and read)."""
+    known = table["rank"].to_numpy(dtype=np.int64)
+    if np.unique(known).size != known.size:
+        raise ValueError(f"the alignment has several rows for a rank: {sorted(known.tolist())}")
+    order = np.argsort(known)
+    known = known[order]
+    offsets = table["offset_ns"].fillna(0).to_numpy(dtype=np.int64)[order]
+    drifts = table["drift_ppm"].fillna(0.0).to_numpy(dtype=np.float64)[order]
+    one = ranks.size > 0 and bool((ranks == ranks[0]).all())
+    asked = ranks[:1] if one else ranks
+    pos = np.minimum(np.searchsorted(known, asked), max(known.size - 1, 0))
+    found = (known[pos] == asked) if known.size else np.zeros(asked.size, dtype=bool)
+    off = np.where(found, offsets[pos] if known.size else 0, 0).astype(np.int64)
+    drift = np.where(found, drifts[pos] if known.size else 0.0, 0.0).astype(np.float64)
+    return (off[0], drift[0]) if one else (off, drift)

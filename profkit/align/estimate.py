@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from profkit.align.clock import TIME_COLUMNS, shift_columns
+from profkit.align.clock import TIME_COLUMNS, rank_clocks, shift_columns
 from profkit.align.ranks import (
     CPU_TIER,
     KERNEL_TIER,
@@ -187,29 +187,9 @@ def apply_alignment(
     if frame.empty:
         return frame.copy()
     out = apply_source_offsets(frame, sources) if sources is not None else frame
-    off, drift = _rank_clocks(table, frame["rank"].to_numpy(dtype=np.int64))
+    off, drift = rank_clocks(table, frame["rank"].to_numpy(dtype=np.int64))
     t0 = int(table["t0_ns"].iloc[0]) if len(table) else 0
     return shift_columns(out, off, drift, t0, columns)
-
-
-def _rank_clocks(table: pd.DataFrame, ranks: np.ndarray) -> tuple:
-    """Each row's rank's offset (int64) and drift (float64) in the rank table ``table``: 0 where
-    it has no row for the rank, or no value; scalars where every row is of one rank (a rank
-    task's tables: no per-row arrays to make and read)."""
-    known = table["rank"].to_numpy(dtype=np.int64)
-    if np.unique(known).size != known.size:
-        raise ValueError(f"the alignment has several rows for a rank: {sorted(known.tolist())}")
-    order = np.argsort(known)
-    known = known[order]
-    offsets = table["offset_ns"].fillna(0).to_numpy(dtype=np.int64)[order]
-    drifts = table["drift_ppm"].fillna(0.0).to_numpy(dtype=np.float64)[order]
-    one = ranks.size > 0 and bool((ranks == ranks[0]).all())
-    asked = ranks[:1] if one else ranks
-    pos = np.minimum(np.searchsorted(known, asked), max(known.size - 1, 0))
-    found = (known[pos] == asked) if known.size else np.zeros(asked.size, dtype=bool)
-    off = np.where(found, offsets[pos] if known.size else 0, 0).astype(np.int64)
-    drift = np.where(found, drifts[pos] if known.size else 0.0, 0.0).astype(np.float64)
-    return (off[0], drift[0]) if one else (off, drift)
 
 
 __all__ = ["Alignment", "RANK_COLUMNS", "SOURCE_COLUMNS", "apply_alignment", "estimate", "estimate_alignment"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profkit.align.clock import to_reference
+from profkit.align.clock import rank_clocks, to_reference
 from profkit.robust import LineFit, robust_line
 
 KERNEL_TIER, CPU_TIER = 0, 1
@@ -357,20 +357,13 @@ def last_arriver_flags(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int) -> tu
     return clear, last
 
 
-def _rank_clocks(table: pd.DataFrame, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's rank's offset and drift in ``table`` (0 for a rank it lacks)."""
-    by = table.set_index("rank")
-    return (by["offset_ns"].reindex(rank).fillna(0).to_numpy(np.int64),
-            by["drift_ppm"].reindex(rank).fillna(0.0).to_numpy())
-
-
 def _arrivals_sorted(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int
                      ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """``last_arriver_flags`` with the rows sorted by (instance, aligned start), ties in row order:
     (order, each sorted row's exclusive group end), for the pairs ``exit_lag_ns`` makes of them.
     Groups of sorted arrays, not groupby transforms of a frame (a tenth of the time)."""
     rank = obs["rank"].to_numpy()
-    off, drift = _rank_clocks(table, rank)
+    off, drift = rank_clocks(table, rank.astype(np.int64))
     start = to_reference(obs["start_ns"].to_numpy(np.int64), off, drift, t0_ns)
     inst = obs["instance"].to_numpy()
     n = len(inst)
@@ -406,7 +399,7 @@ def exit_lag_ns(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int) -> tuple[int
         return None, 0
     clear, last, (order, end_of) = _arrivals_sorted(k, table, t0_ns)
     rank = k["rank"].to_numpy().astype(np.int64)
-    off, drift = _rank_clocks(table, k["rank"].to_numpy())
+    off, drift = rank_clocks(table, rank)
     end = to_reference(k["end_ns"].to_numpy(np.int64), off, drift, t0_ns)
     # each clear instance's other rows against its last row (one per instance: its latest start)
     s_rank, s_end = rank[order], end[order]
