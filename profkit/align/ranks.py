@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.align.clock import rank_clocks, to_reference
+from profkit.keys import first_match, sorted_groups
 from profkit.robust import LineFit, robust_line
 
 KERNEL_TIER, CPU_TIER = 0, 1
@@ -353,23 +354,21 @@ MIN_EXIT_PAIRS = 5  # instances per direction of a rank pair before the exit lag
 def last_arriver_flags(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row: (clear, is_last). ``clear``: the row's instance has one rank arriving at least
     EXIT_MARGIN_NS after all others (on the aligned clocks); ``is_last``: this row is that rank."""
-    clear, last, _ = _arrivals_sorted(obs, table, t0_ns)
+    off, drift = rank_clocks(table, obs["rank"].to_numpy().astype(np.int64))
+    start = to_reference(obs["start_ns"].to_numpy(np.int64), off, drift, t0_ns)
+    clear, last, _ = _arrivals_sorted(obs["instance"].to_numpy(np.int64), start)
     return clear, last
 
 
-def _arrivals_sorted(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int
+def _arrivals_sorted(inst: np.ndarray, start: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """``last_arriver_flags`` with the rows sorted by (instance, aligned start), ties in row order:
-    (order, each sorted row's exclusive group end), for the pairs ``exit_lag_ns`` makes of them.
-    Groups of sorted arrays, not groupby transforms of a frame (a tenth of the time)."""
-    rank = obs["rank"].to_numpy()
-    off, drift = rank_clocks(table, rank.astype(np.int64))
-    start = to_reference(obs["start_ns"].to_numpy(np.int64), off, drift, t0_ns)
-    inst = obs["instance"].to_numpy()
-    n = len(inst)
-    order = np.lexsort((start, inst))
-    s_inst, s_start = inst[order], start[order]
-    heads = np.flatnonzero(np.r_[True, s_inst[1:] != s_inst[:-1]]) if n else np.empty(0, np.int64)
+    """``last_arriver_flags`` of rows of instances ``inst`` with aligned starts ``start``, and the
+    rows sorted by (instance, start), ties in row order: (order, each sorted row's exclusive group
+    end), for the pairs ``exit_lag_ns`` makes of them. Groups of sorted arrays
+    (``keys.sorted_groups``), not groupby transforms of a frame (a tenth of the time)."""
+    n = inst.size
+    order, heads = sorted_groups((inst,), within=(start,))
+    s_start = start[order]
     sizes = np.diff(np.r_[heads, n]).astype(np.int64)
     end_of, size_of = np.repeat(heads + sizes, sizes), np.repeat(sizes, sizes)
     last_start = s_start[end_of - 1]
@@ -397,10 +396,11 @@ def exit_lag_ns(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int) -> tuple[int
     k = obs[obs["tier"].to_numpy() == KERNEL_TIER]
     if k.empty:
         return None, 0
-    clear, last, (order, end_of) = _arrivals_sorted(k, table, t0_ns)
     rank = k["rank"].to_numpy().astype(np.int64)
     off, drift = rank_clocks(table, rank)
+    start = to_reference(k["start_ns"].to_numpy(np.int64), off, drift, t0_ns)
     end = to_reference(k["end_ns"].to_numpy(np.int64), off, drift, t0_ns)
+    clear, last, (order, end_of) = _arrivals_sorted(k["instance"].to_numpy(np.int64), start)
     # each clear instance's other rows against its last row (one per instance: its latest start)
     s_rank, s_end = rank[order], end[order]
     pair = (clear & ~last)[order]
@@ -408,20 +408,15 @@ def exit_lag_ns(obs: pd.DataFrame, table: pd.DataFrame, t0_ns: int) -> tuple[int
         return None, 0
     who, d = s_rank[pair], s_end[pair] - s_end[end_of[pair] - 1]
     by = s_rank[end_of[pair] - 1]
-    low = min(int(who.min()), int(by.min()))
-    span = max(int(who.max()), int(by.max())) - low + 1
-    key = (who - low) * span + (by - low)  # (rank, last rank), in their sort order
-    o = np.lexsort((d, key))
-    key, d = key[o], d[o]
-    heads = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    size = np.diff(np.r_[heads, key.size])
+    # per (rank, last rank), in their sort order, the median of its differences; and its reverse pair
+    o, heads = sorted_groups((who, by), within=(d,))
+    d = d[o]
+    size = np.diff(np.r_[heads, d.size])
     lo, hi = heads + (size - 1) // 2, heads + size // 2
     median = np.where(size % 2 == 1, d[lo].astype(np.float64), (d[lo].astype(np.float64) + d[hi]) / 2.0)
-    keys = key[heads]
-    a, b = keys // span, keys % span
-    rev = np.searchsorted(keys, b * span + a)
-    rev = np.minimum(rev, keys.size - 1)
-    both = (a < b) & (keys[rev] == b * span + a) & (size >= MIN_EXIT_PAIRS) & (size[rev] >= MIN_EXIT_PAIRS)
+    a, b = who[o][heads], by[o][heads]
+    rev = first_match((a, b), (b, a))  # -1: the reverse pair never happened
+    both = (a < b) & (rev >= 0) & (size >= MIN_EXIT_PAIRS) & (size[np.maximum(rev, 0)] >= MIN_EXIT_PAIRS)
     if not both.any():
         return None, int(pair.sum())
     lag = 0.5 * (median[both] + median[rev[both]])
