@@ -37,12 +37,16 @@ import scale  # noqa: E402 - its floor and its kernel builds, for these captures
 # one run, in a fresh interpreter: the checkout to import from, the capture; prints a JSON line
 _RUN = r"""
 import json, os, resource, sys, tempfile, time
-os.environ["PROFKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="profkit-bench-cache-")
+import shutil
+cache = os.environ["PROFKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="profkit-bench-cache-")
 sys.path.insert(0, sys.argv[1])
 from profkit.scale import analyze_paths
 t0 = time.perf_counter()
-analysis = analyze_paths([sys.argv[2]])
-wall = time.perf_counter() - t0
+try:
+    analysis = analyze_paths([sys.argv[2]])
+    wall = time.perf_counter() - t0
+finally:
+    shutil.rmtree(cache, ignore_errors=True)  # every run's cache is its own: none is left behind
 sys.path.insert(0, sys.argv[3])
 from scale import reap_pool_workers  # this checkout's benchmarks
 reap_pool_workers()  # the pool's workers exit after the call returns: their CPU counts once they are reaped
