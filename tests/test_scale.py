@@ -426,6 +426,61 @@ def test_spawned_pool_workers_tune_their_allocator_too(monkeypatch):
         ex.close()
 
 
+def _arrow_pool_name() -> str:
+    import pyarrow as pa
+
+    return pa.default_memory_pool().backend_name
+
+
+@pytest.mark.parametrize("setting", ["default", "malloc off", "user's pool"])
+def test_arrow_allocates_from_the_system_pool_inside_an_analysis_only(monkeypatch, setting):
+    """``allocator.system_arrow_pool``: Arrow's default pool is the system allocator inside, the
+    caller's pool is back on return (after an error too); ``PROFKIT_MALLOC=0`` or a pool the user
+    chose (``ARROW_DEFAULT_MEMORY_POOL``) leaves Arrow's pool alone. Buffers made inside outlive it."""
+    import pyarrow as pa
+
+    from profkit.scale import allocator
+
+    monkeypatch.delenv(allocator.ENV, raising=False)
+    monkeypatch.delenv(allocator.ARROW_ENV, raising=False)
+    if setting == "malloc off":
+        monkeypatch.setenv(allocator.ENV, "0")
+    elif setting == "user's pool":
+        monkeypatch.setenv(allocator.ARROW_ENV, _arrow_pool_name())
+    before = _arrow_pool_name()
+    other = before != "system"  # a process whose pool is the system one already has nothing to switch
+    with allocator.system_arrow_pool() as changed:
+        assert changed == (setting == "default" and other)
+        assert _arrow_pool_name() == ("system" if setting == "default" else before)
+        kept = pa.array(np.arange(1 << 16))
+    assert _arrow_pool_name() == before
+    assert kept.sum().as_py() == (1 << 16) * ((1 << 16) - 1) // 2
+    with pytest.raises(RuntimeError):
+        with allocator.system_arrow_pool():
+            raise RuntimeError("the analysis failed")
+    assert _arrow_pool_name() == before
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_pool_workers_allocate_arrow_buffers_from_the_system_pool(monkeypatch, start):
+    """Forked workers inherit the driver's setting inside ``analyze_paths``; spawned ones set it
+    in their initializer (``executors._start_worker``)."""
+    from profkit.scale import allocator
+    from profkit.scale.executors import PoolExecutor
+
+    if start not in __import__("multiprocessing").get_all_start_methods():
+        pytest.skip(f"no {start} here")
+    monkeypatch.setenv(START_ENV, start)
+    monkeypatch.delenv(allocator.ENV, raising=False)
+    monkeypatch.delenv(allocator.ARROW_ENV, raising=False)
+    with allocator.system_arrow_pool():
+        ex = PoolExecutor(1)
+        try:
+            assert ex.map(_arrow_pool_name, [()], ["rank 0"]) == ["system"]
+        finally:
+            ex.close()
+
+
 def test_a_batch_then_another_waits_for_the_first_and_a_cancelled_one_is_never_submitted():
     """``pipeline._Then``: the second batch is made of the first's results in a thread; once
     cancelled (the run failed before it was used), nothing is submitted to a closing executor;

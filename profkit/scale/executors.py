@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from profkit.analyze.stages import Batch, SerialExecutor, stage_name
 from profkit.scale import collector
-from profkit.scale.allocator import keep_freed_memory
+from profkit.scale.allocator import keep_freed_memory, system_arrow_pool_for_good
 from profkit.errors import ScaleError
 
 EXECUTORS = ("serial", "pool", "dask")
@@ -51,8 +51,10 @@ def start_method() -> str:
 
 def _start_worker() -> None:
     """A pool worker's own settings (the workers are ours, never the caller's process): glibc keeps
-    what it frees (``allocator``), the collector looks less often (``collector``)."""
+    what it frees and Arrow allocates from it (``allocator``), the collector looks less often
+    (``collector``)."""
     keep_freed_memory()
+    system_arrow_pool_for_good()
     collector.in_worker()
 
 

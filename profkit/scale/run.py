@@ -20,6 +20,7 @@ from profkit.analyze.result import Analysis
 from profkit.analyze.store import DiskStore
 from profkit.ingest import readers, scanned
 from profkit.ingest.loader import Capture, RankMap, describe_parts, discover, resolve_ranks
+from profkit.scale.allocator import system_arrow_pool
 from profkit.scale.collector import fewer_collections
 from profkit.scale.executors import make_executor, start_method
 
@@ -116,7 +117,7 @@ def analyze_paths(
     paths = list(paths)
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
-    with fewer_collections():  # frozen before the pool's workers fork: see collector
+    with fewer_collections(), system_arrow_pool():  # set before the pool's workers fork: see collector, allocator
         files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
         try:
             capture, keys, stats, prepared = _read(files, skipped, rank_map, store, ex, say, step_pattern)
@@ -173,7 +174,7 @@ def merge_paths(
 
     paths = list(paths)
     say = progress or (lambda msg: None)
-    with fewer_collections():
+    with fewer_collections(), system_arrow_pool():
         files, skipped, rank_map, store, ex = _setup(paths, executor, workers, scheduler, dask_local, rank_map, scratch)
         try:
             capture, keys, _, prepared = _read(files, skipped, rank_map, store, ex, say)
