@@ -82,7 +82,7 @@ GOAL_DEP256 = (256, 200, 24 * GB)  # ranks, steps, memory of the driver plus eve
 GOAL_X_FLOOR = 2.5  # every cold run's wall time over its floor
 GOAL16_DEP32 = (32, 1000, 30.0, "pool", 2)  # ranks, steps, wall s, executor, workers
 GOAL16_DEP256 = (256, 200, 3 * GB)  # ranks, steps, driver plus every worker's peak
-STAGES = ("read", "prepare", "rank", "finish", "impact")  # first in the tables; any other stage a run has follows
+STAGES = ("read", "prepare", "rank", "causes", "finish", "impact")  # first in the tables; any other stage a run has follows
 LINEAR_EXPONENT_MAX = 1.15  # time ~ ranks^a with a at most this counts as linear
 
 

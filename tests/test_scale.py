@@ -91,7 +91,7 @@ def test_serial_pool_dask_and_in_memory_give_identical_tables(dep32, serial):
     workers = set(pool.run_stats["worker"])
     assert len(workers) == 2, workers
     per_stage = pool.run_stats.groupby("stage")["rank"].nunique()
-    assert per_stage["prepare"] == per_stage["rank"] == per_stage["finish"] == per_stage["impact"] == 32
+    assert per_stage["prepare"] == per_stage["rank"] == per_stage["causes"] == per_stage["finish"] == per_stage["impact"] == 32
     # and it found the injected causes (the accuracy suite checks how well; here: found at all)
     assert {5, 17} <= set(serial.straggler_ranks)
 

@@ -128,6 +128,10 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     del early, moved
     for r in rr:
         r.candidates = None
+    # map 3: the causes, on the workers while the straggler windows are planned here
+    by_rank = dict(iter(arrivals.groupby("rank", sort=False))) if arrivals is not None else {}
+    causing = ex.submit(stages.causes_task, [(r, by_rank.get(r), store, keep_aligned) for r in ranks], labels)
+    del arrivals, by_rank
     if windows is None:
         windows = overhead.analysis_windows(schema.empty_frame(), steps)
     if timelines is None:
@@ -143,21 +147,21 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     if matched is not None:  # finish_stragglers reads the instances only to match them: they are matched
         plan.instances = None  # every rank's collective rows: the largest table the driver would keep
     del instances
-    # maps 3 and 4, submitted together: phase sums in the straggler windows and the causes (the
-    # verdicts are made of them here, while the workers go on to the map after), then each
-    # rank's replay program (but its GPU work: which kernels are the stragglers' is a verdict)
-    by_rank = dict(iter(arrivals.groupby("rank", sort=False))) if arrivals is not None else {}
-    finishing = ex.submit(stages.finish_task,
-                          [(r, plan.windows(r) if plan.measured else None, by_rank.get(r), store, keep_aligned)
-                           for r in ranks], labels)
-    del arrivals, by_rank
+    # maps 4 and 5, submitted together: phase sums in the straggler windows (the verdicts are
+    # made of them here, while the workers go on to the map after), then each rank's replay
+    # program (but its GPU work: which kernels are the stragglers' is a verdict)
+    finishing = ex.submit(stages.finish_task, [(r, plan.windows(r), store) for r in ranks], labels) \
+        if plan.measured else None
     in_store = capture.event_count >= PROGRAMS_IN_STORE_EVENTS
     programs = _submit_programs(plan, steps, store, ex, ranks, labels, in_store=in_store)
-    fin = finishing.results()
+    caused = causing.results()
+    stats += [c.stats for c in caused]
+    causes = overhead.rank_causes_from_summaries([c.causes for c in caused], windows)
+    cause_steps = _concat([c.cause_steps for c in caused], cause_step_table(None))
+    del caused
+    fin = finishing.results() if finishing is not None else []
     stats += [f.stats for f in fin]
-    causes = overhead.rank_causes_from_summaries([f.causes for f in fin], windows)
-    cause_steps = _concat([f.cause_steps for f in fin], cause_step_table(None))
-    # the replay of what needs no verdict, by a worker once the programs are in (map 5)
+    # the replay of what needs no verdict, by a worker once the programs are in (map 6)
     beside = _replay_beside(programs, steps, causes, store, ex) if in_store else None
     try:
         phases = WindowPhases.join([f.phases for f in fin]) if plan.measured else None
@@ -171,7 +175,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the programs hold what is left to use
         trim()
         episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
-        # reduce of map 4: the what-if replay over every rank's program
+        # reduce of map 5: the what-if replay over every rank's program
         impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside, trim)
     finally:
         if beside is not None:

@@ -7,9 +7,11 @@
     reduce: the alignment (``align.estimate_from_ranks``) and the step marker of all ranks
     rank_task      (per rank)  -> steps, GPU timeline, aligned collective candidates, extents,
                                   tokens; charged intervals and timeline pieces kept in the store
-    reduce: collective instances, last arrivers, straggler windows (``stragglers.plan_stragglers``)
-    finish_task    (per rank)  -> time per phase in those windows; charged waits named after the
-                                  last arriver, summarized per cause and per (step, cause)
+    reduce: collective instances, last arrivers
+    causes_task    (per rank)  -> charged waits named after the last arriver, summarized per cause
+                                  and per (step, cause): submitted before the windows below are planned
+    reduce: straggler windows (``stragglers.plan_stragglers``)
+    finish_task    (per rank)  -> time per phase in those windows
     reduce: causes, stragglers, lateness, balance
     impact_task    (per rank)  -> the rank's replay program (``analyze.impact_program``): tens of
                                   points per step, from its timeline pieces and GPU activity
@@ -385,41 +387,53 @@ def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] |
     return out
 
 
-# ---- stage 3: per rank, phases in the straggler windows and the causes ----------------------
+# ---- stage 3: per rank, the causes, then phases in the straggler windows ---------------------
 def charged_key(rank: int) -> str:
     return f"charged-{rank}"
 
 
 @dataclass
-class FinishResult:
+class CauseResult:
     rank: int
-    phases: WindowPhases | None  # None: no straggler windows (no collective measured)
     causes: dict  # ``overhead.cause_summary`` of its charged rows
     cause_steps: pd.DataFrame  # ``compare.cause_step_table`` of them
     stats: TaskStats | None = None
 
 
-def finish_task(rank: int, windows: dict[str, pd.DataFrame] | None, arrivals: pd.DataFrame | None, store,
-                keep_charged: bool = False) -> FinishResult:
-    """Time per phase in the rank's straggler windows; its charged waits named after the last
-    arriver (``arrivals``: the rank's rows of ``overhead.arrivals_from_match``), summarized."""
+def causes_task(rank: int, arrivals: pd.DataFrame | None, store, keep_charged: bool = False) -> CauseResult:
+    """The rank's charged waits named after the last arriver (``arrivals``: the rank's rows of
+    ``overhead.arrivals_from_match``), summarized. Its own map: the arrivals are known before
+    the straggler windows are, so the workers summarize while the driver plans the windows
+    (``stragglers.plan_stragglers``), where they would wait for it."""
     from profkit.analyze.compare import cause_step_table
 
     t0 = _clock()
-    _maybe_die("finish", rank)
-    phases, n = None, 0
-    if windows is not None:
-        host, gpu = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}")
-        phases, n = rank_window_phases(windows, host, gpu), len(host) + len(gpu)
+    _maybe_die("causes", rank)
     # only what the summaries read, unless the rows are kept (the spans they fell in are not)
     charged = store.get(charged_key(rank), None if keep_charged else overhead.SUMMARIZED_COLUMNS)
     if arrivals is not None and len(arrivals):
         charged = overhead.refine_waits(charged, arrivals)
     if keep_charged:
         store.put(charged_key(rank), charged)
-    out = FinishResult(rank=rank, phases=phases, causes=overhead.cause_summary(charged),
-                       cause_steps=cause_step_table(charged))
-    out.stats = _stats("finish", rank, t0, n + len(charged))
+    out = CauseResult(rank=rank, causes=overhead.cause_summary(charged), cause_steps=cause_step_table(charged))
+    out.stats = _stats("causes", rank, t0, len(charged))
+    return out
+
+
+@dataclass
+class FinishResult:
+    rank: int
+    phases: WindowPhases
+    stats: TaskStats | None = None
+
+
+def finish_task(rank: int, windows: dict[str, pd.DataFrame], store) -> FinishResult:
+    """Time per phase in the rank's straggler windows (``StragglerPlan.windows``)."""
+    t0 = _clock()
+    _maybe_die("finish", rank)
+    host, gpu = store.get(f"host-pieces-{rank}"), store.get(f"gpu-pieces-{rank}")
+    out = FinishResult(rank=rank, phases=rank_window_phases(windows, host, gpu))
+    out.stats = _stats("finish", rank, t0, len(host) + len(gpu))
     return out
 
 
