@@ -365,10 +365,11 @@ def finish_stragglers(plan: StragglerPlan, phases: "WindowPhases | JoinedPhases 
     else:
         why = ph_mod.concat_excess([host_x])
     del host_x, gpu_x
-    acc_step.update(_instance_steps(arrivals).to_dict())
+    inst_steps = _instance_steps(arrivals)  # the accounting's and the instance table's
+    acc_step.update(inst_steps.to_dict())
     per_rank = _per_rank(plan.ranks, arrivals, steps, extents, acc_x, report)
     matched = plan.matched if plan.matched is not None else _match(plan.instances)
-    per_inst = _per_instance(arrivals, why, matched)
+    per_inst = _per_instance(arrivals, why, matched, inst_steps)
     acc_x.rows = acc_x.rows.assign(step=_map_ids(acc_x.rows["window"], acc_step))
     per_step = _step_phase_table(acc_x)
     lateness = _lateness(arrivals, acc_x, per_step)
@@ -669,10 +670,12 @@ def _top_causes(excess: ph_mod.CodedExcess) -> pd.DataFrame:
     })
 
 
-def _per_instance(arrivals: pd.DataFrame, excess: ph_mod.CodedExcess, matched: pd.DataFrame | None) -> pd.DataFrame:
+def _per_instance(arrivals: pd.DataFrame, excess: ph_mod.CodedExcess, matched: pd.DataFrame | None,
+                  inst_steps: pd.Series) -> pd.DataFrame:
+    """``inst_steps``: ``_instance_steps(arrivals)`` (the caller's, made once)."""
     first, last = _first_and_last(arrivals)
     out = pd.DataFrame({
-        "step": _instance_steps(arrivals),
+        "step": inst_steps,
         "coll_name": first["coll_name"], "source_kind": first["source_kind"], "key": first["key"],
         "n_ranks": first["n_ranks"],
         "first_rank": first["rank"], "first_start_ns": first["start_ns"],
