@@ -175,6 +175,15 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         plan.arrivals = None  # every rank's arrival rows (hundreds of MB at DEP256): the programs hold what is left to use
         trim()
         episodes = straggler_episodes(lateness, per_rank, plan.phase_steps if plan.phase_steps is not None else cause_steps)
+        # what needs no replay, made while the last programs are still being built (the replay
+        # reads the step table as it was: the tokens are added to a new one)
+        tokens = _concat([r.tokens for r in rr], None)
+        with_tokens = _with_tokens(steps, tokens)  # batch facts of the annotation inside each step, where the marker has none
+        summary = rank_summary(timelines, with_tokens)
+        balance = {"dp": dp_imbalance(with_tokens)}
+        if expert_loads is not None and len(expert_loads):
+            balance["ep"] = ep_balance(expert_loads)
+        consistency = verdict_consistency(per_rank, straggler_ranks(per_rank), cause_steps)
         # reduce of map 5: the what-if replay over every rank's program
         impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside, trim)
     finally:
@@ -185,11 +194,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         charged = _concat([store.get(stages.charged_key(r)) for r in ranks], overhead._empty_charged())
     for r in ranks:
         stages.drop_rank_tables(store, r)
-    tokens = _concat([r.tokens for r in rr], None)
-    steps = _with_tokens(steps, tokens)  # batch facts of the annotation inside each step, where the marker has none
-    balance = {"dp": dp_imbalance(steps)}
-    if expert_loads is not None and len(expert_loads):
-        balance["ep"] = ep_balance(expert_loads)
+    steps = with_tokens
     marker = str(steps["marker"].iloc[0]) if len(steps) else None
     return Analysis(
         capture=capture,
@@ -197,7 +202,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         alignment=alignment,
         steps=steps,
         timelines=timelines,
-        ranks=rank_summary(timelines, steps),
+        ranks=summary,
         step_marker=marker,
         causes=causes,
         charged=charged,
@@ -213,7 +218,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         run_stats=stages.stats_frame(stats),
         sync_points=sync_points,
         phase_steps=plan.phase_steps,
-        consistency=verdict_consistency(per_rank, straggler_ranks(per_rank), cause_steps),
+        consistency=consistency,
     )
 
 
