@@ -12,18 +12,20 @@ round"): the workers' CPU 52.9 -> 48.5 s (8%), the wall time 37.9 -> 36.2 s; sma
 What it costs: a process keeps its peak heap until it ends (or calls ``malloc_trim``), so a
 worker's peak memory is unchanged but held while it waits for its next task. Applied only to the
 process pool's workers, which end with the analysis: never to the caller's process (a library
-call must not change its allocator for good; the driver's own CPU did not change when it was
-tried there) nor to Dask's workers (a shared cluster's nanny tunes its own allocator).
+call must not change its allocator for good: glibc has no way back to its sliding threshold; tried
+on the driver in the twenty-fifth round, its CPU at DEP32 x 100 fell 11% but the wall time ~2%,
+within the noise) nor to Dask's workers (a shared cluster's nanny tunes its own allocator).
 ``PROFKIT_MALLOC=0`` leaves glibc as it is.
 
 Arrow's buffers come from the system allocator too, for the length of an analysis
 (``system_arrow_pool``; set for good in the pool's workers, whose glibc keeps what they free).
 pyarrow's default pool, mimalloc, hands the pages it frees back to the OS and takes fresh,
 zeroed ones again (``perf`` of a DEP8 x 100 run on 2 forked workers: its page faults, 2 MB huge
-pages zeroed whole, were ~7% of all samples). Measured side by side, medians of 5
-(``benchmarks/HISTORY.md``, the twenty-fifth round): DEP32 x 100 3.25 -> 3.12 s, the driver's
-CPU 1.16 -> 1.07 s. A user's own
-``ARROW_DEFAULT_MEMORY_POOL`` is always kept, and ``PROFKIT_MALLOC=0`` leaves Arrow's pool as it is.
+pages zeroed whole, were ~7% of all samples). Measured side by side (``benchmarks/HISTORY.md``,
+the twenty-fifth round): DEP32 x 100 3.25 -> 3.12 s and the driver's CPU 1.16 -> 1.07 s (medians
+of 5); alternated with the code before, DEP8 x 100 1.02 -> 0.97 s, DEP32 x 100 3.05 -> 3.00 s
+(medians of 7). A user's own ``ARROW_DEFAULT_MEMORY_POOL`` is always kept, and ``PROFKIT_MALLOC=0``
+leaves Arrow's pool as it is.
 """
 from __future__ import annotations
 
