@@ -313,7 +313,7 @@ PROGRAMS_IN_STORE_EVENTS = 4_000_000
 
 def _submit_programs(plan, steps: pd.DataFrame, store, ex, ranks: list[int], labels: list[str],
                      in_store: bool = False):
-    """Map 4 submitted: each rank's replay program (``stages.impact_task``) from its sync points
+    """Map 5 submitted: each rank's replay program (``stages.impact_task``) from its sync points
     and steps, its GPU work left for ``_impact`` (only the stragglers' kernels are summed);
     ``in_store``: the programs' tables kept in the store."""
     from profkit.analyze import impact_program
