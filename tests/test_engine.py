@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -221,6 +222,20 @@ def test_crashing_rank_is_named_and_others_stop(tmp_path):
     assert len(read_timings(out / "rank1.steps.jsonl")) == 2  # the steps before the crash are kept
     truth = json.loads((tmp_path / "truth.json").read_text())
     assert truth["exit_status"] != 0 and truth["causes"][0]["steps"] == [2]
+
+
+def test_a_crashing_rank_leaves_no_torch_error_file_behind(tmp_path):
+    """torch's spawn gives each rank a traceback file in the temp folder, which a rank that raises
+    writes and torch never removes: the launcher removes them once the message is read."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "profkit.engine", "--out", str(out), "--seed", "3", "--ranks", "2", "--steps", "6",
+           "--inject", "crash:rank=1,start=2", "--pg-timeout", "20"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode != 0 and "injected crash at step 2" in proc.stderr  # the message was read first
+    assert not list(tmp.glob("pytorch-errorfile-*")), sorted(p.name for p in tmp.iterdir())
 
 
 def test_split_procs(tmp_path):

@@ -158,7 +158,17 @@ def launch(cfg: EngineConfig, timeout_s: float) -> tuple[int, str]:
         return 1, f"rank {exc.error_index} failed:\n{exc}"
     except mp.ProcessExitedException as exc:
         return 1, f"rank {exc.error_index} exited with {exc.exit_code} (signal {exc.signal_name})"
+    finally:
+        _remove_error_files(ctx)
     return 0, "ok"
+
+
+def _remove_error_files(ctx) -> None:
+    """The traceback files torch's spawn gives each rank (``pytorch-errorfile-*.pickle`` in the temp
+    folder, written by a rank that raised): its message is read by then, and torch leaves them."""
+    for path in getattr(ctx, "error_files", None) or []:
+        if path:
+            Path(path).unlink(missing_ok=True)
 
 
 def device_name(cfg: EngineConfig) -> str:
