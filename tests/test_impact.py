@@ -440,8 +440,10 @@ def engine_pairs(tmp_path_factory) -> dict[str, list]:
     for k in range(2):
         for kind in ("clean", "faulted"):
             folder = tmp_path_factory.mktemp(f"engine-{kind}-{k}")
+            engine_out = tmp_path_factory.mktemp(f"engine-out-{kind}-{k}")  # not the temp folder's default
             cmd = [sys.executable, "-m", "profkit.cli.main", "capture", "-q", "-o", str(folder), "--", sys.executable,
-                   "-m", "profkit.engine", "--ranks", "2", "--steps", "16", "--seed", "3", *ENGINE_MODEL]
+                   "-m", "profkit.engine", "--ranks", "2", "--steps", "16", "--seed", "3", "--out", str(engine_out),
+                   *ENGINE_MODEL]
             if kind == "faulted":
                 cmd += ["--inject", ENGINE_FAULT]
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
