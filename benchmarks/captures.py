@@ -36,8 +36,7 @@ import scale  # noqa: E402 - its floor and its kernel builds, for these captures
 
 # one run, in a fresh interpreter: the checkout to import from, the capture; prints a JSON line
 _RUN = r"""
-import json, os, resource, sys, tempfile, time
-import shutil
+import json, os, resource, shutil, sys, tempfile, time
 cache = os.environ["PROFKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="profkit-bench-cache-")
 sys.path.insert(0, sys.argv[1])
 from profkit.scale import analyze_paths

@@ -183,7 +183,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         balance = {"dp": dp_imbalance(with_tokens)}
         if expert_loads is not None and len(expert_loads):
             balance["ep"] = ep_balance(expert_loads)
-        consistency = verdict_consistency(per_rank, straggler_ranks(per_rank), cause_steps)
+        verdict = straggler_ranks(per_rank)
+        consistency = verdict_consistency(per_rank, verdict, cause_steps)
         # reduce of map 5: the what-if replay over every rank's program
         impact = _impact(programs, steps, causes, cause_steps, per_rank, store, ex, stats, beside, trim)
     finally:
@@ -210,7 +211,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         stragglers=per_rank,
         straggler_instances=per_instance,
         lateness=lateness,
-        straggler_ranks=straggler_ranks(per_rank),
+        straggler_ranks=verdict,
         straggler_episodes=episodes,
         impact=impact,
         balance=balance,
