@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.feather as feather
 
 from profkit import distinct, schema
+from profkit.arrowfiles import read_arrow_file, write_arrow_file
 
 _KINDS_KEY = schema.FRAME_KINDS_KEY
 # tables under this size are written as they are: lz4 costs a fixed ~20-50 us per column both ways,
@@ -216,8 +216,7 @@ class DiskStore:
         # one record batch: read back, every column is one chunk, which the tasks' many row takes
         # of string columns want (``stages._one_chunk`` would combine the chunks after each read)
         table = table.combine_chunks()
-        compression = "lz4" if table.nbytes >= COMPRESS_MIN_BYTES else "uncompressed"
-        feather.write_feather(table, tmp, compression=compression, chunksize=max(table.num_rows, 1))
+        write_arrow_file(table, tmp, "lz4" if table.nbytes >= COMPRESS_MIN_BYTES else None)
         tmp.replace(path)  # a reader never sees half a file, a retried task overwrites cleanly
 
     def put_file(self, key: str, path: str | Path) -> bool:
@@ -239,8 +238,7 @@ class DiskStore:
         return True
 
     def get_table(self, key: str, columns: list[str] | None = None) -> pa.Table:
-        return feather.read_table(self._path(key), columns=list(columns) if columns is not None else None,
-                                  memory_map=False, use_threads=False)  # workers are processes already
+        return read_arrow_file(self._path(key), columns)
 
     def drop(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

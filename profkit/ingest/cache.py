@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.feather as feather
 
 from profkit import schema
+from profkit.arrowfiles import read_arrow_file, write_arrow_file
 from profkit.flags import env_on
 from profkit.ingest.base import RankPart
 
@@ -70,9 +70,9 @@ def load(path: Path, options: dict | None = None) -> list[RankPart] | None:
         n_parts = json.loads(done.read_text())["n_parts"]
         parts = []
         for i in range(n_parts):
-            # one thread: the file holds a record batch per 16k rows, and a thread pool per small buffer
-            # cost ~7x the CPU (0.20 s vs 0.07 s for 8 ranks of 67k events)
-            table = feather.read_table(entry / f"part-{i}.arrow", memory_map=False, use_threads=False)
+            # one thread (``arrowfiles``): a thread pool per small buffer cost ~7x the CPU (0.20 s vs
+            # 0.07 s for 8 ranks of 67k events, when the file held a record batch per 16k rows)
+            table = read_arrow_file(entry / f"part-{i}.arrow")
             info = json.loads(table.schema.metadata[_META_KEY])
             # the entry is keyed by the resolved path; its parts name the file as this caller does
             # (as a fresh parse would), not as whoever filled the cache did (relative, absolute)
@@ -114,7 +114,7 @@ def store(path: Path, parts: list[RankPart], options: dict | None = None) -> Non
             # one chunk, which the analysis's row takes of string columns want
             part.table = part.table.combine_chunks()  # the same values; its later readers want one chunk too
             table = schema.as_arrow_frame(part.table, {_META_KEY: json.dumps(info, default=str).encode()})
-            feather.write_feather(table, tmp / f"part-{i}.arrow", compression="lz4", chunksize=max(table.num_rows, 1))
+            write_arrow_file(table, tmp / f"part-{i}.arrow", "lz4")
         (tmp / "parts.json").write_text(json.dumps({"n_parts": len(parts)}))
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
