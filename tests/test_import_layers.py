@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "profkit"
 # stage -> its place in the pipeline; a module may import its own stage and earlier ones only.
 # Equal places are peers that must not import each other.
 ORDER = {
-    "base": 0,        # profkit (facade), .distinct, .errors, .flags, .intervals, .keys, .layers, .names, .native, .robust, .schema, .data
+    "base": 0,        # profkit (facade), .arrowfiles, .distinct, .errors, .flags, .intervals, .keys, .layers, .names, .native, .robust, .schema, .data
     "engine": 1,      # the bundled serving engine: a program profkit observes; imports no stage
     "simulate": 1,    # writes the traces a DEP-N deployment would: a program too; imports no stage
     "instrument": 2,  # inside every rank
@@ -35,8 +35,8 @@ ORDER = {
     "scale": 10,      # runs the stages as a map over ranks
     "cli": 11,        # commands (and profkit.__main__)
 }
-BASE_MODULES = {"profkit", "profkit.distinct", "profkit.errors", "profkit.flags", "profkit.intervals", "profkit.keys", "profkit.layers",
-                "profkit.names", "profkit.native", "profkit.robust", "profkit.schema"}
+BASE_MODULES = {"profkit", "profkit.arrowfiles", "profkit.distinct", "profkit.errors", "profkit.flags", "profkit.intervals",
+                "profkit.keys", "profkit.layers", "profkit.names", "profkit.native", "profkit.robust", "profkit.schema"}
 
 # (importer, imported) edges that break ORDER today. Each says why it is here; remove an entry
 # when the edge is gone (the test fails while a listed edge no longer occurs).
