@@ -86,7 +86,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     say(f"aligned {len(ranks)} rank(s); analyzing each rank")
     # map 2 + reduce: per-rank facts on the common clock, then who arrived last where; the
     # collective instances are matched here meanwhile where the driver can move the candidates
-    rank_alignments = {r: stages.rank_alignment(alignment, r) for r in ranks} if alignment is not None else {}
+    rank_alignments = stages.rank_alignments(alignment, ranks) if alignment is not None else {}
     ranking = ex.submit(stages.rank_task,
                         [(r, rank_alignments.get(r), chosen, step_pattern, store, keep_aligned, sync_names,
                           movable is not None and r in movable) for r in ranks], labels)

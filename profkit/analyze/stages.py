@@ -332,10 +332,23 @@ class RankResult:
 
 def rank_alignment(alignment: Alignment, rank: int) -> Alignment:
     """The rows of ``alignment`` one rank's worker needs (the rest stay with the driver)."""
-    ranks = alignment.ranks[alignment.ranks["rank"] == rank]
-    sources = alignment.sources[alignment.sources["rank"] == rank] if len(alignment.sources) else alignment.sources
-    return Alignment(ranks=ranks.reset_index(drop=True), sources=sources.reset_index(drop=True),
-                     t0_ns=alignment.t0_ns)
+    return rank_alignments(alignment, [rank])[rank]
+
+
+def rank_alignments(alignment: Alignment, ranks: list[int]) -> dict[int, Alignment]:
+    """``rank_alignment`` of each of ``ranks``, the tables split by rank once (not filtered once per
+    rank: ~0.5 ms a rank, on the driver while the workers wait for their first rank task)."""
+    def split(table: pd.DataFrame) -> dict[int, pd.DataFrame]:
+        if not len(table):
+            return {}
+        return {int(r): rows.reset_index(drop=True) for r, rows in table.groupby("rank", sort=False)}
+
+    by_rank, by_source = split(alignment.ranks), split(alignment.sources)
+    none_ranks, none_sources = alignment.ranks.iloc[:0].reset_index(drop=True), alignment.sources.iloc[:0]
+    if len(alignment.sources):
+        none_sources = none_sources.reset_index(drop=True)
+    return {r: Alignment(ranks=by_rank.get(r, none_ranks), sources=by_source.get(r, none_sources), t0_ns=alignment.t0_ns)
+            for r in ranks}
 
 
 def rank_task(rank: int, alignment: Alignment | None, chosen: tuple[str, bool] | None, step_pattern: str | None,
