@@ -544,7 +544,36 @@ def test_a_late_arrivers_window_is_not_closed_by_its_own_instance():
     # the sync exits found ahead (the driver does, while the ranks are analyzed) give the same rows
     ahead, _ = arr_mod.arrival_rows(inst, windows, None, arr_mod.sync_ends(inst))
     pd.testing.assert_frame_equal(ahead, rows, check_exact=True)
+    both, _ = arr_mod.arrival_rows(inst, windows, None, arr_mod.sync_ends(inst), arr_mod.host_sync_ends(inst))
+    pd.testing.assert_frame_equal(both, rows, check_exact=True)
     assert arr_mod.sync_ends(inst.iloc[:0]) == {} and arr_mod.sync_ends(None) == {}
+    assert arr_mod.host_sync_ends(inst.iloc[:0]) == {} and arr_mod.host_sync_ends(None) == {}
+
+
+def test_host_sync_marks_found_ahead_are_the_plans_own():
+    """``host_sync_ends`` (found by the driver while the ranks are analyzed) gives the arrivals'
+    ``host_start_ns`` the plan finds itself: at the CPU collectives where there are some (a GPU
+    collective does not hold the host), at the steps' starts where there are none ({})."""
+    steps = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [0, 1, 0, 1], "start_ns": [0, 500, 0, 520],
+                          "end_ns": [480, 1000, 500, 1000]})
+    windows = pd.DataFrame({"rank": [0, 1], "trace_start_ns": [0, 0], "trace_end_ns": [2000, 2000]})
+    kernels = pd.DataFrame({
+        "instance": [1, 1, 2, 2], "rank": [0, 1, 0, 1], "start_ns": [300, 310, 800, 840], "end_ns": [350, 350, 900, 900],
+        "key": "kernel||all_reduce|", "coll_name": "all_reduce", "source_kind": "kernel", "complete": True})
+    gloo = pd.DataFrame({
+        "instance": [3, 3], "rank": [0, 1], "start_ns": [600, 650], "end_ns": [700, 700],
+        "key": "cpu_span||barrier|", "coll_name": "barrier", "source_kind": "cpu_span", "complete": True})
+    for inst, want in ((kernels, [0, 0, 500, 520]), (pd.concat([kernels, gloo], ignore_index=True), None)):
+        host = arr_mod.host_sync_ends(inst)
+        assert (host == {}) == (want is not None)
+        rows, _ = arr_mod.arrival_rows(inst, windows, steps)
+        ahead, _ = arr_mod.arrival_rows(inst, windows, steps, arr_mod.sync_ends(inst), host)
+        pd.testing.assert_frame_equal(ahead, rows, check_exact=True)
+        if want is not None:  # no CPU collective: each arrival's step start
+            assert rows.sort_values(["instance", "rank"])["host_start_ns"].tolist() == want
+        else:  # instance 2 (800, 840) comes after the barrier's exit at 700 on both ranks
+            late = rows[rows["instance"] == 2].sort_values("rank")
+            assert late["host_start_ns"].tolist() == [700, 700]
 
 
 @pytest.mark.parametrize("dtype", ["str", "string", object])

@@ -27,7 +27,7 @@ from profkit.analyze.result import Analysis
 from profkit.analyze.stages import SerialExecutor
 from profkit.analyze.steps import choose_step_marker
 from profkit.analyze.store import MemoryStore
-from profkit.analyze.straggler_arrivals import sync_ends
+from profkit.analyze.straggler_arrivals import host_sync_ends, sync_ends
 from profkit.analyze.straggler_episodes import straggler_episodes
 from profkit.analyze.stragglers import WindowPhases, finish_stragglers, plan_stragglers, straggler_ranks
 from profkit.analyze.summary import rank_summary
@@ -142,7 +142,7 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
         from profkit.analyze.straggler_arrivals import trace_windows
 
         extents = trace_windows(schema.empty_frame())
-    plan = plan_stragglers(instances, extents, steps, matched, ends)
+    plan = plan_stragglers(instances, extents, steps, matched, *ends)
     del ends
     if matched is not None:  # finish_stragglers reads the instances only to match them: they are matched
         plan.instances = None  # every rank's collective rows: the largest table the driver would keep
@@ -280,13 +280,15 @@ def _moved(movable: dict, rank_alignments: dict[int, Alignment]) -> dict:
 def _collectives(cands: list[pd.DataFrame]) -> tuple:
     """The collective instances of every rank's candidates on the common clock (in rank order),
     matched: (instances, one row per instance or None, the complete ones' arrivals or None, the
-    sync point table, each rank's sync exits for the straggler plan: ``straggler_arrivals.sync_ends``)."""
+    sync point table, each rank's sync exits for the straggler plan: ``straggler_arrivals.sync_ends``
+    and ``host_sync_ends``, a pair)."""
     instances = instances_from_candidates(pd.concat(cands, ignore_index=True) if cands else None, complete_only=False)
     matched = match_instances(instances) if len(instances) else None
     arrivals = None
     if matched is not None:
         arrivals = overhead.arrivals_from_match(instances[instances["complete"].astype(bool)], matched)
-    return instances, matched, arrivals, sync_point_table(instances, matched), sync_ends(instances)
+    ends = (sync_ends(instances), host_sync_ends(instances))
+    return instances, matched, arrivals, sync_point_table(instances, matched), ends
 
 
 def _sync_names(prep: list, alignment: Alignment | None) -> dict[str, str]:

@@ -62,13 +62,14 @@ def trace_windows(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame | None,
-                 ends: dict[int, np.ndarray] | None = None) -> tuple[pd.DataFrame, dict]:
+                 ends: dict[int, np.ndarray] | None = None,
+                 host_ends: dict[int, np.ndarray] | None = None) -> tuple[pd.DataFrame, dict]:
     """Per (rank, instance) arrivals of the complete instances inside the capture window.
 
     ``inst``: ``collective_instances`` rows on aligned clocks (incomplete rows may be included:
     they still mark sync points on their ranks, but are not measured). Returns the table
-    (``ARRIVAL_COLUMNS``) and counts of what was dropped and why. ``ends``: ``sync_ends(inst)``
-    where it was computed already.
+    (``ARRIVAL_COLUMNS``) and counts of what was dropped and why. ``ends``: ``sync_ends(inst)``,
+    ``host_ends``: ``host_sync_ends(inst)``, where they were computed already.
     """
     report = {"instances": 0, "dropped_incomplete": 0, "dropped_edge": 0, "dropped_async": 0, "dropped_single": 0}
     if inst is None or not len(inst):
@@ -119,7 +120,7 @@ def arrival_rows(inst: pd.DataFrame, windows: pd.DataFrame, steps: pd.DataFrame 
     first = prev_end == np.iinfo(np.int64).min  # the rank's first sync: its window reaches back to its start-up
     floor[first] = np.maximum(floor[first], _serving_start(rank[first], start[first], steps))
     work_start = np.maximum(prev_end, floor)
-    host_start = np.maximum(_host_sync_before(inst, rank, start, steps), floor)
+    host_start = np.maximum(_host_sync_before(inst, rank, start, steps, host_ends), floor)
     work = start - work_start
     bounds = _group_bounds(rows["instance"].to_numpy(np.int64))
     late = start - _median_of_others(start, bounds, presorted=True)
@@ -188,7 +189,22 @@ def sync_ends(inst: pd.DataFrame | None) -> dict[int, np.ndarray]:
     return _sync_ends(_typed(inst)) if inst is not None and len(inst) else {}
 
 
+def host_sync_ends(inst: pd.DataFrame | None) -> dict[int, np.ndarray]:
+    """``_host_sync_before``'s marks where the instances hold CPU collectives ({} where they hold
+    none: the steps' starts stand in then): they need only the instances, so the driver finds them
+    with ``sync_ends``, while the workers analyze the ranks, not in the straggler plan."""
+    return _cpu_sync_ends(_typed(inst)) if inst is not None and len(inst) else {}
+
+
 _SYNC_END_COLUMNS = ("instance", "rank", "key", "start_ns", "end_ns", "exit_ns")  # what ``_sync_ends`` reads
+
+
+def _cpu_sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
+    """``_sync_ends`` of the CPU collectives (blocking: they synchronize hosts) among ``inst``
+    (``_typed``); {} where there are none."""
+    # only the columns ``_sync_ends`` reads are taken (every instance row's strings are not)
+    cpu = inst.loc[_kind_is(inst["source_kind"], "cpu_span"), [c for c in _SYNC_END_COLUMNS if c in inst]]
+    return _sync_ends(cpu) if len(cpu) else {}
 
 
 def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
@@ -236,22 +252,21 @@ def _sync_ends(inst: pd.DataFrame) -> dict[int, np.ndarray]:
     return {int(r): value[bounds[i]:bounds[i + 1]] for i, r in enumerate(ranks.tolist())}
 
 
-def _host_sync_before(inst: pd.DataFrame, rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:
+def _host_sync_before(inst: pd.DataFrame, rank: np.ndarray, t: np.ndarray, steps: pd.DataFrame | None,
+                      cpu_ends: dict[int, np.ndarray] | None = None) -> np.ndarray:
     """Per arrival: when its rank's host last synchronized with the others before it.
 
     Blocking CPU collectives (Gloo, DP sync spans) synchronize hosts; GPU collectives do not
     (the host launches them and runs on). Without any CPU collective in the capture, the start
-    of the rank's step stands in for it (every rank starts the same step's work).
+    of the rank's step stands in for it (every rank starts the same step's work). ``cpu_ends``:
+    ``_cpu_sync_ends(inst)`` where it was computed already (``host_sync_ends``).
     """
     out = np.full(rank.size, np.iinfo(np.int64).min, np.int64)
-    # only the columns ``_sync_ends`` reads are taken (every instance row's strings are not)
-    cpu = inst.loc[_kind_is(inst["source_kind"], "cpu_span"), [c for c in _SYNC_END_COLUMNS if c in inst]]
-    if len(cpu):
-        marks = _sync_ends(cpu)
-    elif steps is not None and len(steps):
+    marks = _cpu_sync_ends(inst) if cpu_ends is None else cpu_ends
+    if not marks:
+        if steps is None or not len(steps):
+            return out
         marks = {int(r): np.sort(g["start_ns"].to_numpy(np.int64)) for r, g in steps.groupby("rank")}
-    else:
-        return out
     for r in np.unique(rank):
         ends = marks.get(int(r))
         if ends is None or not ends.size:

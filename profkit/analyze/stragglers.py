@@ -291,10 +291,12 @@ def _concat_coded(parts: list[WindowPhases]) -> WindowPhases:
 
 
 def plan_stragglers(instances: pd.DataFrame, extents: pd.DataFrame, steps: pd.DataFrame | None,
-                    matched: pd.DataFrame | None = None, sync_ends: dict | None = None) -> StragglerPlan:
+                    matched: pd.DataFrame | None = None, sync_ends: dict | None = None,
+                    host_ends: dict | None = None) -> StragglerPlan:
     """Arrivals at the measured instances and every window whose phases must be summed
-    (``sync_ends``: ``straggler_arrivals.sync_ends(instances)``, where already found)."""
-    arrivals, report = arr_mod.arrival_rows(instances, extents, steps, sync_ends)
+    (``sync_ends``, ``host_ends``: ``straggler_arrivals.sync_ends(instances)`` and
+    ``host_sync_ends(instances)``, where already found)."""
+    arrivals, report = arr_mod.arrival_rows(instances, extents, steps, sync_ends, host_ends)
     report["unmatched_rows"] = int(instances.attrs.get("report", {}).get("unmatched_rows", 0))
     ranks = sorted(set(extents["rank"].tolist()) | set(arrivals["rank"].tolist()))
     plan = StragglerPlan(ranks=ranks, arrivals=arrivals, report=report, extents=extents, steps=steps,
