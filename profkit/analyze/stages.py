@@ -344,9 +344,8 @@ def rank_alignments(alignment: Alignment, ranks: list[int]) -> dict[int, Alignme
         return {int(r): rows.reset_index(drop=True) for r, rows in table.groupby("rank", sort=False)}
 
     by_rank, by_source = split(alignment.ranks), split(alignment.sources)
-    none_ranks, none_sources = alignment.ranks.iloc[:0].reset_index(drop=True), alignment.sources.iloc[:0]
-    if len(alignment.sources):
-        none_sources = none_sources.reset_index(drop=True)
+    none_ranks = alignment.ranks.iloc[:0].reset_index(drop=True)  # a rank without rows: empty, typed alike
+    none_sources = alignment.sources.iloc[:0].reset_index(drop=True)
     return {r: Alignment(ranks=by_rank.get(r, none_ranks), sources=by_source.get(r, none_sources), t0_ns=alignment.t0_ns)
             for r in ranks}
 
