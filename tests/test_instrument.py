@@ -326,11 +326,13 @@ def test_signal_flush_keeps_default_action(tmp_path, sig):
     assert ready_within(child, 120), "the child never got ready"
     child.send_signal(sig)
     _, err = child.communicate(timeout=60)  # a hang guard: it ends within a second
-    assert child.returncode == -sig  # not swallowed: the default action still ends the process
+    # not swallowed: the default action still ends the process (the child's stderr says why not)
+    assert child.returncode == -sig, f"return code {child.returncode}; stderr:\n{err}"
     if sig == signal.SIGINT:
         assert "KeyboardInterrupt" in err  # Python's own handler ran (chained)
     path = tmp_path / f"spans-pid{child.pid}.jsonl"
-    assert span_names(path).count("before-signal") == 500
+    names = span_names(path)
+    assert names.count("before-signal") == 500, f"{names.count('before-signal')} of 500 spans; stderr:\n{err}"
 
 
 def test_ignored_signal_stays_ignored(tmp_path):
