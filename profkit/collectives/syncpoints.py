@@ -826,28 +826,35 @@ def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict
     if samples is not None and len(samples):
         s = samples[samples["name"].isin(eligible) & ~samples["name"].isin(list(out))]
         for name, g in s.groupby("name", sort=True):
-            if _aligned_ends(g):
+            if _aligned_ends(g["rank"].to_numpy(np.int64), g["start_ns"].to_numpy(np.int64),
+                             g["end_ns"].to_numpy(np.int64)):
                 out[str(name)] = ALIGNED_ENDS
     return out
 
 
-def _aligned_ends(g: pd.DataFrame) -> bool:
-    """Ends of one name's instances line up across ranks while their starts spread."""
+def _aligned_ends(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> bool:
+    """Ends of one name's instances (its samples' ranks, starts and ends) line up across ranks
+    while their starts spread. Only the ranks compared are sorted (up to ``MAX_SAMPLE_RANKS``; a
+    frame sorted per rank was most of the driver's sync-name decision at DEP32), each by start as
+    ``DataFrame.sort_values`` sorts (numpy's quicksort of the rank's rows in their order)."""
     from profkit.collectives.sequences import match_sequences
 
-    ranks = sorted(g["rank"].unique())[:MAX_SAMPLE_RANKS]
+    ranks = np.unique(rank)[:MAX_SAMPLE_RANKS].tolist()
     if len(ranks) < 2:
         return False
-    by = {r: x.sort_values("start_ns") for r, x in g.groupby("rank")}
-    ref = by[ranks[0]]
-    ref_e, ref_s = ref["end_ns"].to_numpy(np.int64), ref["start_ns"].to_numpy(np.int64)
+
+    def by_start(r: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.flatnonzero(rank == r)
+        rows = rows[np.argsort(start[rows], kind="quicksort")]
+        return end[rows], start[rows]
+
+    ref_e, ref_s = by_start(ranks[0])
     if ref_e.size < MIN_INSTANCES:
         return False
     ends = [ref_e.astype(np.float64)]
     starts = [ref_s.astype(np.float64)]
     for r in ranks[1:]:
-        o = by[r]
-        oe, os_ = o["end_ns"].to_numpy(np.int64), o["start_ns"].to_numpy(np.int64)
+        oe, os_ = by_start(r)
         pairs, _ = match_sequences({"k": ref_e}, {"k": oe}, {"k": END_TOL_NS})
         ia, ib = pairs.get("k", (np.empty(0, np.int64), np.empty(0, np.int64)))
         if ia.size < MATCHED_SHARE * min(ref_e.size, oe.size):
