@@ -65,7 +65,7 @@ def _spy(monkeypatch, returned: dict, moved: dict, asked: dict, honour: bool = T
 
     def moved_candidates(*args):
         got = real_moved(*args)
-        moved.update(got or {})
+        moved.update({r: got.of(r) for r in got.ranks} if got is not None else {})
         return got
 
     monkeypatch.setattr(stages, "rank_task", task)
@@ -136,3 +136,58 @@ def _events(sources: list[str], kinds: list[str], categories: list) -> pd.DataFr
 ])
 def test_one_stream(sources, kinds, categories, want):
     assert stages.one_stream(_events(sources, kinds, categories)) is want
+
+
+def _alignment():
+    from profkit.align import Alignment
+    from profkit.align.sources import SOURCE_COLUMNS
+
+    ranks = pd.DataFrame({"rank": [0, 1, 2], "offset_ns": [0, 1_500, -700], "drift_ppm": [0.0, 3.5, -2.0],
+                          "t0_ns": [1_000, 1_000, 1_000]})
+    return Alignment(ranks=ranks, sources=pd.DataFrame(columns=SOURCE_COLUMNS), t0_ns=1_000)
+
+
+def _candidates(rank: int, launch: pd.Series | np.ndarray, n: int = 5) -> pd.DataFrame:
+    start = np.arange(n, dtype=np.int64) * 1_000_000 + 7 * rank
+    return pd.DataFrame({"rank": np.full(n, rank, np.int64), "start_ns": start, "end_ns": start + 50_000,
+                         "launch_ns": launch, "name": [f"k{i}" for i in range(n)]})
+
+
+def _one_by_one(movable: dict, alignment) -> pd.DataFrame:
+    """What the driver did before: each rank moved with its own rank alignment, then joined."""
+    from profkit.align import apply_alignment
+
+    by_rank = stages.rank_alignments(alignment, list(movable))
+    return pd.concat([apply_alignment(c, by_rank[r]) for r, c in movable.items() if len(c)], ignore_index=True)
+
+
+def test_moved_joined_first_as_one_by_one():
+    """Ranks alike (the same columns and dtypes, an Int64 time column with a missing value on one
+    rank only): joined, then moved at once, the same table as each rank moved and joined after;
+    each rank's rows read back as its own; a rank without candidates is moved, with no rows."""
+    al = _alignment()
+    movable = {0: _candidates(0, pd.array([5, None, 7, 8, 9], dtype="Int64")),
+               1: _candidates(1, pd.array([1, 2, 3, 4, 5], dtype="Int64")),
+               2: _candidates(2, pd.array([], dtype="Int64"), n=0)}
+    got = pipeline._moved(movable, al)
+    want = _one_by_one(movable, al)
+    pd.testing.assert_frame_equal(got.joined, want, check_exact=True)
+    assert got.ranks == {0, 1, 2} and len(got.of(2)) == 0 and got.of(5) is None
+    pd.testing.assert_frame_equal(got.of(1), want[want["rank"] == 1].reset_index(drop=True), check_exact=True)
+    assert got.joined["start_ns"].tolist() != pd.concat([movable[0], movable[1]])["start_ns"].tolist()  # moved
+
+
+def test_moved_one_by_one_where_a_float_column_would_change():
+    """A float time column with a missing value on one rank only: moved alone, that rank's column
+    becomes Int64 and the others' stay float64, so the joined table differs from one moved at
+    once; such ranks are moved one by one, as before."""
+    from profkit.align import apply_alignment
+
+    al = _alignment()
+    movable = {0: _candidates(0, np.array([5.0, np.nan, 7.0, 8.0, 9.0])),
+               1: _candidates(1, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))}
+    got = pipeline._moved(movable, al)
+    want = _one_by_one(movable, al)
+    pd.testing.assert_frame_equal(got.joined, want, check_exact=True)
+    at_once = apply_alignment(pd.concat(list(movable.values()), ignore_index=True), al)
+    assert at_once["launch_ns"].dtype != want["launch_ns"].dtype  # why the guard is there
