@@ -834,8 +834,8 @@ def decide_sync_names(facts: pd.DataFrame, samples: pd.DataFrame | None) -> dict
 
 def _aligned_ends(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> bool:
     """Ends of one name's instances (its samples' ranks, starts and ends) line up across ranks
-    while their starts spread. Only the ranks compared are sorted (up to ``MAX_SAMPLE_RANKS``; a
-    frame sorted per rank was most of the driver's sync-name decision at DEP32), each by start as
+    while their starts spread. Only the ranks compared are sorted (up to ``MAX_SAMPLE_RANKS``; every
+    rank's frame sorted was a quarter of the driver's sync-name decision at DEP32), each by start as
     ``DataFrame.sort_values`` sorts (numpy's quicksort of the rank's rows in their order)."""
     from profkit.collectives.sequences import match_sequences
 
