@@ -169,7 +169,7 @@ def test_moved_joined_first_as_one_by_one():
     movable = {0: _candidates(0, pd.array([5, None, 7, 8, 9], dtype="Int64")),
                1: _candidates(1, pd.array([1, 2, 3, 4, 5], dtype="Int64")),
                2: _candidates(2, pd.array([], dtype="Int64"), n=0)}
-    got = pipeline._moved(movable, al)
+    got = pipeline._moved(movable, al, stages.rank_alignments(al, list(movable)))
     want = _one_by_one(movable, al)
     pd.testing.assert_frame_equal(got.joined, want, check_exact=True)
     assert got.ranks == {0, 1, 2} and len(got.of(2)) == 0 and got.of(5) is None
@@ -186,7 +186,7 @@ def test_moved_one_by_one_where_a_float_column_would_change():
     al = _alignment()
     movable = {0: _candidates(0, np.array([5.0, np.nan, 7.0, 8.0, 9.0])),
                1: _candidates(1, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))}
-    got = pipeline._moved(movable, al)
+    got = pipeline._moved(movable, al, stages.rank_alignments(al, list(movable)))
     want = _one_by_one(movable, al)
     pd.testing.assert_frame_equal(got.joined, want, check_exact=True)
     at_once = apply_alignment(pd.concat(list(movable.values()), ignore_index=True), al)

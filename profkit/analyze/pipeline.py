@@ -93,8 +93,8 @@ def run_stages(capture: Capture, keys: dict[int, list[str]], store, ex, step_pat
     ranking = ex.submit(stages.rank_task,
                         [(r, rank_alignments.get(r), chosen, step_pattern, store, keep_aligned, sync_names,
                           movable is not None and r in movable) for r in ranks], labels)
+    moved = _moved(movable, alignment, rank_alignments) if movable is not None else None
     del rank_alignments
-    moved = _moved(movable, alignment) if movable is not None else None
     del movable
     early = _collectives([] if moved.joined is None else [moved.joined]) if moved is not None else None
     rr = ranking.results()
@@ -290,13 +290,15 @@ class _Moved:
         return self.joined[self.joined["rank"].to_numpy(np.int64) == rank].reset_index(drop=True)
 
 
-def _moved(movable: dict, alignment: Alignment) -> _Moved:
-    """``_movable_candidates`` on the common clock, as ``rank_task`` moves them, joined in rank
-    order. Joined first and moved at once where every rank's table has the same columns and dtypes
-    and no time column is a float or object one: each row moves by its own rank's clock, so the
-    numbers and dtypes are those of each rank's moved alone and joined after (32 tables moved one
-    by one and joined cost ~31 ms at DEP32 x 100, on the driver while the rank tasks run; ~7.5 ms so). A
-    float time column becomes Int64 only on the ranks with a missing value: those go one by one."""
+def _moved(movable: dict, alignment: Alignment, rank_alignments: dict[int, Alignment]) -> _Moved:
+    """``_movable_candidates`` on the common clock, as ``rank_task`` moves them (each with the
+    ``stages.rank_alignments`` entry its task was given, or all at once with ``alignment``), joined
+    in rank order. Joined first and moved at once where every rank's table has the same columns and
+    dtypes and no time column is a float or object one: each row moves by its own rank's clock, so
+    the numbers and dtypes are those of each rank's moved alone and joined after (32 tables moved
+    one by one and joined cost ~31 ms at DEP32 x 100, on the driver while the rank tasks run; ~7.5
+    ms so). A float time column becomes Int64 only on the ranks with a missing value: those go one
+    by one."""
     frames = [c for c in movable.values() if len(c)]
     if not frames:
         return _Moved(None, frozenset(movable))
@@ -306,8 +308,8 @@ def _moved(movable: dict, alignment: Alignment) -> _Moved:
     if alike:
         joined = apply_alignment(pd.concat(frames, ignore_index=True), alignment)
     else:
-        by_rank = stages.rank_alignments(alignment, list(movable))
-        joined = pd.concat([apply_alignment(c, by_rank[r]) for r, c in movable.items() if len(c)], ignore_index=True)
+        joined = pd.concat([apply_alignment(c, rank_alignments[r]) for r, c in movable.items() if len(c)],
+                           ignore_index=True)
     return _Moved(joined, frozenset(movable))
 
 
