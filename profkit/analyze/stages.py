@@ -647,6 +647,10 @@ class SerialExecutor:
     def close(self, wait: bool = True) -> None:  # noqa: ARG002 - its tasks ran in this process
         pass
 
+    def stop(self) -> None:
+        """``close`` after an interrupt: an executor with workers ends their running tasks first."""
+        self.close()
+
     def __enter__(self):
         return self
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 
 from profkit import distinct, schema
+from profkit.analyze.scratch import OwnedFolder
 from profkit.arrowfiles import read_arrow_file, write_arrow_file
 
 _KINDS_KEY = schema.FRAME_KINDS_KEY
@@ -198,7 +198,10 @@ class DiskStore:
 
     def __init__(self, root: str | Path | None = None) -> None:
         self.owned = root is None
-        self.root = Path(tempfile.mkdtemp(prefix="profkit-scale-")) if root is None else Path(root)
+        # a folder of its own is locked while this process (or a worker it forked) lives, and a
+        # later run removes it if this one is killed before ``close`` (``scratch``)
+        self._owner = OwnedFolder() if root is None else None
+        self.root = self._owner.path if self._owner is not None else Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
@@ -255,11 +258,12 @@ class DiskStore:
         return True
 
     def close(self) -> None:
-        if self.owned:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self._owner is not None:  # removed, then unlocked (a worker's copy owns nothing)
+            self._owner.release()
+            self._owner = None
 
     def __getstate__(self) -> dict:  # workers get the folder, never the ownership
         return {"owned": False, "root": str(self.root)}
 
     def __setstate__(self, state: dict) -> None:
-        self.owned, self.root = state["owned"], Path(state["root"])
+        self.owned, self.root, self._owner = state["owned"], Path(state["root"]), None

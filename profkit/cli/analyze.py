@@ -85,10 +85,12 @@ def analyze_and_report(paths, out, step_pattern, rank_specs, quiet, expert_loads
             return 2
     if scale is not None:
         from profkit.scale import ScaleError, analyze_paths
+        from profkit.cli.terminate import terminate_raises
 
         try:
-            analysis = analyze_paths(paths, step_pattern=step_pattern, expert_loads=loads, rank_map=rank_map,
-                                     progress=progress, **scale)
+            with terminate_raises():  # SIGTERM: the pool and the scratch folder go as with Ctrl-C
+                analysis = analyze_paths(paths, step_pattern=step_pattern, expert_loads=loads, rank_map=rank_map,
+                                         progress=progress, **scale)
         except (ScaleError, ValueError, OSError) as exc:
             print(f"profkit: {exc}", file=sys.stderr)
             return 1

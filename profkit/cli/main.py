@@ -6,6 +6,7 @@ import sys
 from typing import Sequence
 
 from profkit import __version__
+from profkit.cli.terminate import TERMINATED_EXIT_CODE, Terminated
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
+    except Terminated:  # SIGTERM inside ``terminate.terminate_raises``: cleaned up as for Ctrl-C
+        print("terminated", file=sys.stderr)
+        return TERMINATED_EXIT_CODE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -54,13 +54,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     say = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     from profkit.scale import ScaleError, merge_paths
+    from profkit.cli.terminate import terminate_raises
 
     try:
-        result, capture = merge_paths(
-            args.paths, args.out, align=not args.no_align, executor=args.executor, workers=args.workers,
-            scheduler=args.scheduler, dask_local=args.dask_local, rank_map=rank_map, progress=say,
-            scratch=args.scratch, fmt=args.format, steps=steps, time=time, step_pattern=args.step_pattern,
-        )
+        with terminate_raises():  # SIGTERM: the pool and the scratch folder go as with Ctrl-C
+            result, capture = merge_paths(
+                args.paths, args.out, align=not args.no_align, executor=args.executor, workers=args.workers,
+                scheduler=args.scheduler, dask_local=args.dask_local, rank_map=rank_map, progress=say,
+                scratch=args.scratch, fmt=args.format, steps=steps, time=time, step_pattern=args.step_pattern,
+            )
     except OSError as exc:
         print(f"profkit: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1

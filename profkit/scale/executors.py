@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 from profkit.analyze.stages import Batch, SerialExecutor, stage_name
 from profkit.scale import collector
 from profkit.scale.allocator import keep_freed_memory, system_arrow_pool_for_good
+from profkit.scale.lifetime import exit_with_parent
 from profkit.errors import ScaleError
 
 EXECUTORS = ("serial", "pool", "dask")
@@ -52,10 +53,11 @@ def start_method() -> str:
 def _start_worker() -> None:
     """A pool worker's own settings (the workers are ours, never the caller's process): glibc keeps
     what it frees and Arrow allocates from it (``allocator``), the collector looks less often
-    (``collector``)."""
+    (``collector``), and it leaves when the driver is gone (``lifetime``)."""
     keep_freed_memory()
     system_arrow_pool_for_good()
     collector.in_worker()
+    exit_with_parent()
 
 
 class PoolExecutor(SerialExecutor):
@@ -138,6 +140,16 @@ class PoolExecutor(SerialExecutor):
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
+
+    def stop(self) -> None:
+        """Interrupted (Ctrl-C, or SIGTERM through ``cli.terminate``): the workers are ended now,
+        not after their running tasks (a rank's task runs for seconds to minutes at DEP256), then
+        joined, so none outlives the scratch folder the caller removes next."""
+        if self._pool is not None:
+            for proc in list((getattr(self._pool, "_processes", None) or {}).values()):  # no public way before 3.14
+                if proc.is_alive():
+                    proc.terminate()
+        self.close()
 
 
 class DaskExecutor(SerialExecutor):

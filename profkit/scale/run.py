@@ -123,6 +123,9 @@ def analyze_paths(
             capture, keys, stats, prepared = _read(files, skipped, rank_map, store, ex, say, step_pattern)
             analysis = run_stages(capture, keys, store, ex, step_pattern, expert_loads, keep_aligned=keep_aligned,
                                   stats=stats, progress=say, prepared=prepared)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM in the CLI: stop now, not after the running tasks
+            ex.stop()
+            raise
         except BaseException:
             ex.close()
             raise
@@ -189,6 +192,9 @@ def merge_paths(
             if not align:
                 result.notes = [NOT_ALIGNED.format(why="alignment was switched off")
                                 if n.startswith("clocks not aligned") else n for n in result.notes]
+        except KeyboardInterrupt:
+            ex.stop()
+            raise
         finally:
             ex.close()
             store.close()
