@@ -176,3 +176,40 @@ def test_terminate_raises_only_inside_and_in_the_main_thread():
     t.start()
     t.join()
     assert seen == [before]  # a thread cannot set handlers: left as it was
+
+
+def test_an_interrupted_cache_write_leaves_no_temporary_folder(two_ranks, tmp_path, monkeypatch):
+    from profkit.ingest import cache
+    from profkit.ingest.loader import read_file
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(root))
+    monkeypatch.setenv("PROFKIT_CACHE", "1")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "write_arrow_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        read_file(two_ranks / "rank0.pt.trace.json.gz", None)
+    assert root.is_dir() and list(root.iterdir()) == []
+
+
+def test_a_killed_writers_temporary_folder_goes_once_stale(two_ranks, tmp_path, monkeypatch):
+    from profkit.ingest import cache
+    from profkit.ingest.loader import read_file
+
+    root = tmp_path / "cache"
+    old, young = root / ".tmp-killed", root / ".tmp-writing"
+    for folder in (old, young):
+        folder.mkdir(parents=True)
+        (folder / "part-0.arrow").write_bytes(b"half")
+    then = time.time() - 2 * cache.STALE_TMP_S
+    os.utime(old, (then, then))
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(root))
+    monkeypatch.setenv("PROFKIT_CACHE", "1")
+    monkeypatch.setattr(cache, "_swept", set())
+    read_file(two_ranks / "rank0.pt.trace.json.gz", None)
+    left = sorted(p.name for p in root.iterdir())
+    assert ".tmp-killed" not in left and ".tmp-writing" in left  # another writer's may be at work
+    assert len(left) == 2  # and the file's own entry was written

@@ -15,6 +15,10 @@ Each part is one record batch, its schema marked as the scale store marks an eve
 (``schema.as_arrow_frame``): ``profkit.scale`` links the cache's file into its store as the
 part's table (``DiskStore.put_file``) rather than encoding and writing the table again, so a
 warm run decodes nothing in its read stage (reader version 3; older entries are not found).
+
+An entry is written in a temporary folder and renamed into place; one interrupted mid-write is
+removed (Ctrl-C), or, where its writer was killed, by the next process that writes to the cache
+once an hour old (``sweep_stale_tmp``).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +40,11 @@ from profkit.ingest.base import RankPart
 
 READER_VERSION = 3  # 3: one record batch, marked for the scale store (2: Arrow IPC, 1: Parquet)
 _META_KEY = b"profkit.part"
+_TMP_PREFIX = ".tmp-"
+# an entry is written in seconds (a GB-sized rank's in a few): a temporary folder this old is a
+# writer's that was killed (a run's workers are ended at once when it is stopped: ``scale.lifetime``)
+STALE_TMP_S = 3600.0
+_swept: set[Path] = set()  # cache roots this process has swept
 
 
 def cache_dir() -> Path:
@@ -98,7 +108,10 @@ def store(path: Path, parts: list[RankPart], options: dict | None = None) -> Non
     try:
         root.mkdir(parents=True, exist_ok=True)
         entry = root / cache_key(path, options)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+        if root not in _swept:
+            _swept.add(root)
+            sweep_stale_tmp(root)
+        tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=root))
         for i, part in enumerate(parts):
             info = {
                 "path": part.path,
@@ -124,6 +137,29 @@ def store(path: Path, parts: list[RankPart], options: dict | None = None) -> Non
     except OSError:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:  # Ctrl-C mid-write: the half-written entry goes, the interrupt goes on
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def sweep_stale_tmp(root: Path, older_than_s: float = STALE_TMP_S) -> list[Path]:
+    """Remove the temporary folders of writers killed mid-write (``STALE_TMP_S``); the list removed.
+    Once per cache root and process (``store``): a cache holds an entry per file ever read."""
+    now, removed = time.time(), []
+    try:
+        tmps = [p for p in root.iterdir() if p.name.startswith(_TMP_PREFIX)]
+    except OSError:
+        return removed
+    for p in tmps:
+        try:
+            if now - p.stat().st_mtime < older_than_s:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
 
 
 def table_with_rank(table: pa.Table, rank: int) -> pa.Table:

@@ -11,7 +11,9 @@ writes to, holding its peak heap (``allocator`` keeps what they free), and the s
 
 Here: a worker leaves when its parent is gone (``exit_with_parent``); the CLI's runs turn SIGTERM
 into an exception so they clean up as Ctrl-C does (``profkit.cli.terminate``); a scratch folder
-whose owner died is removed by the next run (``profkit.analyze.scratch``).
+whose owner died is removed by the next run (``profkit.analyze.scratch``); a parsed-trace cache
+entry half written by a worker ended mid-write is removed then, or by a writer an hour later
+(``profkit.ingest.cache``).
 """
 from __future__ import annotations
 
