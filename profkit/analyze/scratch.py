@@ -36,7 +36,7 @@ class OwnedFolder:
     def __init__(self) -> None:
         self.path = Path(tempfile.mkdtemp(prefix=PREFIX))
         self._fd: int | None = _lock(self.path / LOCK_NAME)
-        self.swept = sweep_dead(self.path.parent, keep=self.path)
+        sweep_dead(self.path.parent, keep=self.path)
 
     def release(self) -> None:
         """The folder removed, then the lock let go (in that order: a sweep never races the owner)."""

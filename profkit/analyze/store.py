@@ -197,7 +197,6 @@ class DiskStore:
     kind = "disk"
 
     def __init__(self, root: str | Path | None = None) -> None:
-        self.owned = root is None
         # a folder of its own is locked while this process (or a worker it forked) lives, and a
         # later run removes it if this one is killed before ``close`` (``scratch``)
         self._owner = OwnedFolder() if root is None else None
@@ -263,7 +262,7 @@ class DiskStore:
             self._owner = None
 
     def __getstate__(self) -> dict:  # workers get the folder, never the ownership
-        return {"owned": False, "root": str(self.root)}
+        return {"root": str(self.root)}
 
     def __setstate__(self, state: dict) -> None:
-        self.owned, self.root, self._owner = state["owned"], Path(state["root"]), None
+        self.root, self._owner = Path(state["root"]), None

@@ -134,13 +134,11 @@ def store(path: Path, parts: list[RankPart], options: dict | None = None) -> Non
         os.replace(tmp, entry)
         for i, part in enumerate(parts):
             part.cache_file = str(entry / f"part-{i}.arrow")
-    except OSError:
+    except BaseException as exc:  # the half-written entry goes; a failure to cache is ignored, Ctrl-C goes on
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:  # Ctrl-C mid-write: the half-written entry goes, the interrupt goes on
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if not isinstance(exc, OSError):
+            raise
 
 
 def sweep_stale_tmp(root: Path, older_than_s: float = STALE_TMP_S) -> list[Path]:
